@@ -1,0 +1,27 @@
+# Two commands a new user needs:
+#   make demo   create the environment, install, sweep playbooks/demo.yaml on this machine, compare
+#   make test   create the environment, install what the tests need (OpenSSH server included), run every test
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+
+.PHONY: demo test sshd clean
+
+$(BIN)/harness: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+demo: $(BIN)/harness
+	$(BIN)/harness sweep playbooks/demo.yaml
+
+sshd:
+	@test -x /usr/sbin/sshd || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openssh-server iproute2 >/dev/null; }
+
+test: $(BIN)/harness sshd
+	$(BIN)/python -m pytest -q -rs tests
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

@@ -1,0 +1,90 @@
+"""`harness check`: preflight every host without launching anything.
+
+For each host, in parallel: connect (reachability, host key, auth), then the agent's probe inside the
+venv: Python, the engine import, the port, GPUs and their processes, free disk.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+from harness.config.inventory import Host, load_inventory
+from harness.engines import get_engine
+from harness.errors import HarnessError
+from harness.executor import tools_dir
+from harness.lifecycle.context import REMOTE_TOOLS, TOOLS_DIR
+from harness.transport import connect
+
+
+@dataclass
+class HostCheck:
+    host: str
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    probe: dict = field(default_factory=dict)
+
+
+def check_host(host: Host, engine: str, port: int | None) -> HostCheck:
+    eng = get_engine(engine)
+    venv = host.venv or (sys.prefix if host.transport == "local" else None)
+    if not venv:
+        return HostCheck(host.name, False, ["no venv set for this host in the inventory"])
+    try:
+        t = connect(host.spec())
+    except HarnessError as e:
+        return HostCheck(host.name, False, [f"{e.kind}: {e}"])
+    try:
+        remote = tools_dir(host)
+        t.run(f"mkdir -p {shlex.quote(remote)}", timeout=60)
+        for name in REMOTE_TOOLS:
+            t.put((TOOLS_DIR / name).read_bytes(), f"{remote}/{name}")
+        python = f"{venv}/bin/python"
+        res = t.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} {shlex.quote(remote + '/agent.py')} "
+                    f"probe --module {shlex.quote(eng.module)} --port {port or eng.default_port} "
+                    f"--dir {shlex.quote(host.workdir)}", timeout=600, check=False)
+        if res.exit_code != 0 and not res.stdout.strip():
+            return HostCheck(host.name, False, [f"venv {venv}: no runnable {python}"])
+        probe = json.loads(res.stdout.strip().splitlines()[-1])
+    except HarnessError as e:
+        return HostCheck(host.name, False, [f"{e.kind}: {e}"])
+    finally:
+        t.close()
+    problems = []
+    if not probe["module_ok"]:
+        problems.append(f"venv {venv} cannot import {eng.module}: {probe.get('module_error')}")
+    if not probe["port_free"]:
+        holders = "; ".join(f"pid {h['pid']} {h['command']}" for h in probe.get("port_holders", []))
+        problems.append(f"port {port or eng.default_port} in use by {holders}")
+    busy = (probe.get("gpus") or {}).get("processes") or []
+    if busy:
+        problems.append("GPUs busy: " + "; ".join(f"pid {p['pid']} {p['name']}" for p in busy))
+    if probe.get("disk_free_gb", 1e9) < 10:
+        problems.append(f"only {probe['disk_free_gb']} GB free in {host.workdir}")
+    return HostCheck(host.name, not problems, problems, probe)
+
+
+def check_hosts(inventory: Path, *, limit: str | None, engine: str, port: int | None) -> list[HostCheck]:
+    hosts = load_inventory(inventory).select(limit)
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return list(pool.map(lambda h: check_host(h, engine, port), hosts))
+
+
+def render(results: list[HostCheck]) -> Table:
+    t = Table(title="host check", header_style="bold")
+    for col in ("host", "status", "python", "GPUs", "disk free", "problems"):
+        t.add_column(col)
+    for r in results:
+        gpus = (r.probe.get("gpus") or {})
+        devices = gpus.get("devices") or []
+        gpu_text = f"{len(devices)} x {devices[0]['name']}" if devices else ("none" if r.probe else "-")
+        t.add_row(r.host, "[green]ok[/]" if r.ok else "[red]problem[/]", r.probe.get("python", "-"), gpu_text,
+                  f"{r.probe['disk_free_gb']} GB" if "disk_free_gb" in r.probe else "-",
+                  "\n".join(r.problems))
+    return t

@@ -1,0 +1,179 @@
+"""The `harness` command: parse, call the API, print with rich, map errors to exit codes. Nothing else.
+
+Exit codes: 0 all good; 1 a run failed; 2 bad input (file, key and line named; never a traceback);
+130 interrupted, after the servers were stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from harness.errors import HarnessError, InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Sweep, benchmark, profile and compare LLM server configurations on GPU hosts.")
+out = Console()
+err = Console(stderr=True)
+
+Inventory = Annotated[Path, typer.Option("-i", "--inventory", help="inventory file")]
+Limit = Annotated[Optional[str], typer.Option("--limit", help="hosts: a name, a group or a glob")]
+Format = Annotated[str, typer.Option("--format", help="table or json")]
+
+
+def exits(fn):
+    """Map the exception tree to exit codes: the only place that does."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InputError as e:
+            err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
+            raise typer.Exit(2) from None
+        except HarnessError as e:
+            err.print(f"[red]error:[/] {e}", highlight=False)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+    return wrapper
+
+
+@app.command()
+@exits
+def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
+          output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results"),
+          limit: Limit = None,
+          jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="runs in flight at once")] = None,
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="show the plan; touch no host")] = False,
+          fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first failed run")] = False):
+    """Run every configuration of PLAYBOOK on the inventory's hosts and compare them."""
+    from harness.executor import Executor
+    from harness.plan import load_sweep
+    from harness.report.compare import collect, table
+
+    sw = load_sweep(playbook, inventory, limit=limit)
+    if dry_run:
+        return _print_plan(sw, "table")
+    out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}")
+    outcome = Executor(sw, output, jobs=jobs, log=lambda m: err.print(m, highlight=False, markup=False),
+                       fail_fast=fail_fast, argv=sys.argv[1:]).run()
+    if outcome.manifests:
+        out.print(table(collect([outcome.sweep_dir]), title=f"{sw.sweep_id}"))
+    out.print(f"results: {outcome.sweep_dir}")
+    if outcome.interrupted:
+        raise typer.Exit(130)
+    if outcome.failed:
+        err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
+        raise typer.Exit(1)
+
+
+@app.command()
+@exits
+def plan(playbook: Path, inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
+         format: Format = "table"):
+    """The runs a sweep would do and each rendered launch script; touches no host."""
+    from harness.plan import load_sweep
+    _print_plan(load_sweep(playbook, inventory, limit=limit), format)
+
+
+def _print_plan(sw, format: str) -> None:
+    # pool runs are shown on the host they would take if every run took as long as the others
+    entries = []
+    for i, run in enumerate(sw.runs):
+        host = run.hosts[i % len(run.hosts)]
+        entries.append({"run_id": run.run_id, "host": host.name, "config": run.config.name,
+                        "script": sw.render(run, host).script})
+    if format == "json":
+        print(json.dumps(entries, indent=2))
+        return
+    for e in entries:
+        out.rule(f"{e['run_id']}  [dim]on {e['host']}[/]")
+        out.print(e["script"], markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+@exits
+def check(inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
+          engine: Annotated[str, typer.Option(help="engine to look for: sglang, vllm or sim")] = "sglang",
+          port: Annotated[Optional[int], typer.Option(help="server port to check; default: the engine's")] = None):
+    """Preflight every host: reachable, host key, venv, engine importable, GPUs free, port free, disk."""
+    from harness.check import check_hosts, render
+
+    results = check_hosts(inventory, limit=limit, engine=engine, port=port)
+    out.print(render(results))
+    if any(not r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+@exits
+def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://127.0.0.1:30000")],
+          model: Annotated[str, typer.Option(help="model name the server answers to")],
+          concurrency: Annotated[str, typer.Option(help="levels, comma-separated")] = "1",
+          requests: Annotated[Optional[int], typer.Option(help="requests per level")] = None,
+          max_tokens: Annotated[int, typer.Option(help="output tokens per request")] = 50,
+          prompt: Annotated[Optional[str], typer.Option(help="prompt text")] = None,
+          prompt_tokens: Annotated[Optional[int], typer.Option(help="synthetic prompt length")] = None,
+          warmup: Annotated[int, typer.Option(help="warm-up requests per level")] = 1,
+          api: Annotated[str, typer.Option(help="completions or chat")] = "completions",
+          output: Annotated[Path, typer.Option("-o", "--output", help="bench.json path")] = Path("bench.json")):
+    """The decode benchmark alone, against any OpenAI-compatible server."""
+    from harness.remote import bench as client
+    from harness.report.bench_view import render_bench
+
+    try:
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, got {concurrency!r}", key="--concurrency") from None
+    try:
+        result = client.run_benchmark(url, model, concurrency=levels, requests=requests, warmup=warmup,
+                                      max_tokens=max_tokens, prompt=prompt, prompt_tokens=prompt_tokens,
+                                      api=api)
+    except ValueError as e:  # the client's word for bad arguments
+        raise InputError(str(e), key="harness bench") from None
+    client.write_results(result, output)
+    out.print(render_bench(result))
+    out.print(f"wrote {output} and {output.parent / 'requests.jsonl'}")
+
+
+@app.command()
+@exits
+def analyze(path: Path, top: Annotated[int, typer.Option(help="kernels to show")] = 15,
+            format: Format = "table"):
+    """Where the GPU time goes: a trace file, a profile directory or a run directory."""
+    from harness.analysis import analyze_path
+    from harness.report.analysis_view import render_analysis
+
+    result = analyze_path(path, top=top)
+    if format == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        out.print(render_analysis(result, top=top))
+
+
+@app.command()
+@exits
+def compare(results: list[Path],
+            baseline: Annotated[Optional[str], typer.Option(help="configuration to compare against")] = None,
+            format: Annotated[str, typer.Option(help="table, json, csv or markdown")] = "table"):
+    """Configurations side by side, from results directories alone."""
+    from harness.report import compare as cmp
+
+    rows = cmp.collect(results)
+    if format == "table":
+        out.print(cmp.table(rows, baseline=baseline))
+    elif format in ("json", "csv", "markdown"):
+        sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
+    else:
+        raise InputError(f"unknown format {format!r}: table, json, csv or markdown", key="--format")
+
+
+def main() -> None:
+    app()

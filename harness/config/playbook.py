@@ -1,0 +1,158 @@
+"""The playbook: which server configurations to sweep, where, and how to measure them.
+
+Every key is declared once here, typed, with its description and default; unknown keys are errors.
+`configs[*].args` / `.env` merge over `server.args` / `.env` (a config's value wins; `null` removes a
+flag the server section set).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from harness.config.yamlfile import load_yaml
+
+ArgScalar = Union[bool, int, float, str, None]
+ArgValue = Union[ArgScalar, list[Union[bool, int, float, str]], dict[str, Any]]
+
+FLAG_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+ENGINES = ("sglang", "vllm", "sim")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_args(args: dict) -> dict:
+    for name in args:
+        if not FLAG_NAME.match(str(name)):
+            raise ValueError(f"{name!r} is not a valid flag name")
+    return {str(k): v for k, v in args.items()}
+
+
+def _check_env(env: dict) -> dict:
+    out = {}
+    for name, value in env.items():
+        if not ENV_NAME.match(str(name)):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+        if isinstance(value, (dict, list)):
+            raise ValueError(f"{name}: environment values are strings")
+        out[str(name)] = "" if value is None else ("1" if value is True else "0" if value is False
+                                                   else str(value))
+    return out
+
+
+Args = Annotated[dict[str, ArgValue], AfterValidator(_check_args)]
+Env = Annotated[dict[str, Any], AfterValidator(_check_env)]
+
+
+class ModelSpec(Strict):
+    path: str = Field(description="model path on the host (or a hub name the engine resolves)")
+    served_name: str | None = Field(None, description="name the server answers to; default: the path")
+    active_params_b: float | None = Field(None, gt=0, description="active parameters per token, billions")
+    bytes_per_weight: float | None = Field(None, gt=0, description="bytes per weight (FP4 = 0.5)")
+    kv_bytes_per_token: float | None = Field(None, ge=0, description="KV-cache bytes per token, all layers")
+
+    @property
+    def name(self) -> str:
+        return self.served_name or self.path
+
+
+class Server(Strict):
+    port: int | None = Field(None, ge=1, le=65535, description="server port; default: the engine's")
+    host: str = Field("127.0.0.1", description="address the server binds; the client runs on the same host")
+    args: Args = Field(default_factory=dict, description="flags for every configuration")
+    env: Env = Field(default_factory=dict, description="environment for every configuration")
+    startup_timeout_s: float = Field(1800, gt=0, description="give up waiting for health after this")
+    health_path: str | None = Field(None, description="health endpoint; default: the engine's")
+
+
+class Config(Strict):
+    name: str = Field(description="configuration name; run ids begin with it")
+    args: Args = Field(default_factory=dict, description="flags merged over server.args")
+    env: Env = Field(default_factory=dict, description="environment merged over server.env")
+    description: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not CONFIG_NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' and '-' (it names directories)")
+        return v
+
+
+class Benchmark(Strict):
+    prompt: str | None = Field(None, description="the prompt; default: a synthetic one of prompt_tokens words")
+    prompt_tokens: int | None = Field(None, ge=1, description="length of the synthetic prompt")
+    max_tokens: int = Field(50, ge=1, description="output tokens per request")
+    concurrency: list[int] = Field(default_factory=lambda: [1], min_length=1, description="levels, in order")
+    requests: int | None = Field(None, ge=1, description="requests per level; default: max(16, 2 x concurrency)")
+    warmup: int = Field(1, ge=0, description="unmeasured requests before each level")
+    api: Literal["completions", "chat"] = "completions"
+    ignore_eos: bool = True
+    timeout_s: float = Field(600, gt=0, description="per request")
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, int) else v
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v):
+        if any(c < 1 for c in v):
+            raise ValueError("concurrency levels must be >= 1")
+        return v
+
+
+class Profile(Strict):
+    mode: Literal["engine", "nsys", "none"] = Field("none", description="engine profiler, nsys, or none")
+    num_steps: int = Field(10, ge=1, description="forward steps to capture")
+    start_step: int | None = Field(None, ge=0)
+    concurrency: int = Field(1, ge=1, description="streams kept flowing while the profiler records")
+    timeout_s: float = Field(600, gt=0, description="how long to wait for every rank's trace")
+    max_mb: float | None = Field(None, gt=0, description="refuse to pull a profile larger than this")
+
+
+class Playbook(Strict):
+    name: str
+    hosts: str = Field(description="group, host name or glob from the inventory")
+    engine: Literal["sglang", "vllm", "sim"]
+    flavor: Literal["sglang", "vllm"] = Field("sglang", description="engine: sim imitates this engine")
+    template: str | None = Field(None, description="launch template; default templates/<engine>.sh.j2")
+    model: ModelSpec
+    server: Server = Field(default_factory=Server)
+    configs: list[Config] = Field(min_length=1)
+    benchmark: Benchmark = Field(default_factory=Benchmark)
+    profile: Profile = Field(default_factory=Profile)
+    repeat: int = Field(1, ge=1)
+    placement: Literal["pool", "each"] = "pool"
+    secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")
+    vars: dict[str, Any] = Field(default_factory=dict, description="free variables for the template")
+
+    @field_validator("configs")
+    @classmethod
+    def _unique_names(cls, configs):
+        names = [c.name for c in configs]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"configuration name {name!r} appears twice")
+        return configs
+
+    @property
+    def protocol(self) -> str:
+        """The engine whose HTTP and profiler protocol the server speaks."""
+        return self.flavor if self.engine == "sim" else self.engine
+
+
+def load_playbook(path: Path | str) -> tuple[Playbook, Any]:
+    """The validated playbook and its YamlDoc (kept for line numbers of later errors)."""
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a playbook is a mapping (name, hosts, engine, model, configs, ...)")
+    return doc.validate(Playbook), doc

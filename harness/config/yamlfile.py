@@ -1,0 +1,114 @@
+"""Reading YAML so that every mistake can be reported as `file:line: key: what is wrong`.
+
+PyYAML's safe loader is used through a subclass that remembers the line of every mapping key and
+sequence item. pydantic's ValidationError `loc` is then mapped back to a line (`located`), so a user
+sees `playbooks/x.yaml:14: configs[1].args.tp-size: Input should be a valid integer`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from harness.errors import InputError
+
+Loc = tuple[str | int, ...]
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that records `path-in-document -> line` for every key and list item."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.lines: dict[Loc, int] = {}
+
+    def construct_document(self, node):
+        self._record(node, ())
+        return super().construct_document(node)
+
+    def _record(self, node, loc: Loc) -> None:
+        self.lines.setdefault(loc, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    child = loc + (key_node.value,)
+                    self.lines[child] = key_node.start_mark.line + 1
+                    self._record(value_node, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._record(item, loc + (i,))
+
+
+class YamlDoc:
+    """A parsed YAML file and the line of each of its keys."""
+
+    def __init__(self, path: Path, data: Any, lines: dict[Loc, int]):
+        self.path, self.data, self.lines = path, data, lines
+
+    def line(self, loc: Loc) -> int | None:
+        """The line of `loc`, or of its nearest ancestor that has one."""
+        while loc:
+            if loc in self.lines:
+                return self.lines[loc]
+            loc = loc[:-1]
+        return self.lines.get(())
+
+    def error(self, loc: Loc, message: str) -> InputError:
+        return InputError(message, file=str(self.path), key=dotted(loc) or None, line=self.line(loc))
+
+    def validate(self, model: type[BaseModel], data: Any = None, *, at: Loc = (), context=None):
+        """Validate `data` (default: the whole document) into `model`; the first error names key and line."""
+        try:
+            return model.model_validate(self.data if data is None else data, context=context)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = at + tuple(p for p in err["loc"] if not _is_union_tag(p))
+            raise self.error(loc, _message(err)) from None
+
+
+def load_yaml(path: Path | str) -> YamlDoc:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError("file not found", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read: {e}", file=str(path)) from None
+    loader = _LineLoader(text)
+    try:
+        data = loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise InputError(f"invalid YAML: {e.problem or e}", file=str(path), line=line) from None
+    except yaml.YAMLError as e:
+        raise InputError(f"invalid YAML: {e}", file=str(path)) from None
+    finally:
+        loader.dispose()
+    return YamlDoc(path, data if data is not None else {}, loader.lines)
+
+
+def dotted(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _is_union_tag(part) -> bool:
+    # pydantic inserts the member type of a union into loc (e.g. 'list[str]'); not a key of the file
+    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "none"})
+
+
+def _message(err: dict) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "missing":
+        return "required key is missing"
+    msg = err["msg"]
+    if "input" in err and not isinstance(err["input"], (dict, list)) and err["type"] != "value_error":
+        msg += f" (got {err['input']!r})"
+    return msg.removeprefix("Value error, ")

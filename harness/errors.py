@@ -1,0 +1,97 @@
+"""One exception tree for the whole harness.
+
+    HarnessError                  base; `kind` is SPEC's error.kind, `retryable` drives the executor
+    ├── InputError                bad YAML, playbook, inventory or template: exit 2, names file/key/line
+    └── RemoteError               something on a host: carries host, run id, command and output tail
+        ├── UnreachableError      cannot connect (refused, no route, DNS)           kind=unreachable, retryable
+        ├── AuthError             the host refused our credentials                  kind=auth, never retried
+        ├── HostKeyError          unknown or changed host key                       kind=host_key, never retried
+        ├── RemoteTimeout         a remote step ran past its deadline                kind=timeout, retryable
+        ├── CommandFailed         a remote command exited non-zero                   kind=given by the caller
+        └── RunFailed             a lifecycle stage failed (launch, oom, health...)  kind=given by the caller
+
+The CLI maps InputError to exit 2; a failed run to exit 1; KeyboardInterrupt to 130.
+Messages never contain secrets: callers redact before raising (see `harness.secrets`).
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    kind: str = "error"
+    retryable: bool = False
+
+    def __init__(self, message: str, *, kind: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if kind is not None:
+            self.kind = kind
+
+
+class InputError(HarnessError):
+    """A user mistake in a file we read: never a traceback, always exit 2."""
+
+    kind = "input"
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
+                 line: int | None = None):
+        self.file, self.key, self.line = file, key, line
+        where = ""
+        if file:
+            where = f"{file}:{line}" if line else str(file)
+        if key:
+            where = f"{where}: {key}" if where else key
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class RemoteError(HarnessError):
+    """Something went wrong on (or on the way to) a host."""
+
+    kind = "error"
+
+    def __init__(self, message: str, *, host: str | None = None, run_id: str | None = None,
+                 command: str | None = None, output: str = "", kind: str | None = None):
+        self.host, self.run_id, self.command, self.output = host, run_id, command, output
+        prefix = f"[{host}] " if host else ""
+        super().__init__(prefix + message, kind=kind)
+
+    def detail(self) -> str:
+        """The message with the command and the last lines of output, like Invoke's UnexpectedExit."""
+        parts = [self.message]
+        if self.command:
+            parts.append(f"command: {self.command}")
+        if self.output:
+            parts.append("output (last lines):\n" + tail(self.output, 20))
+        return "\n".join(parts)
+
+
+class UnreachableError(RemoteError):
+    kind = "unreachable"
+    retryable = True
+
+
+class AuthError(RemoteError):
+    kind = "auth"
+
+
+class HostKeyError(RemoteError):
+    kind = "host_key"
+
+
+class RemoteTimeout(RemoteError):
+    kind = "timeout"
+    retryable = True
+
+
+class CommandFailed(RemoteError):
+    def __init__(self, message: str, *, exit_code: int, **kw):
+        self.exit_code = exit_code
+        super().__init__(message, **kw)
+
+
+class RunFailed(RemoteError):
+    """A lifecycle stage decided the run failed; `kind` says how (launch, oom, server_died, ...)."""
+
+
+def tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])

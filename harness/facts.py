@@ -1,0 +1,75 @@
+"""Host facts: each a command plus a parser (the shape of pyinfra's facts).
+
+The commands run on the host inside the venv during preflight and write `facts/<name>.txt` in the run
+directory, which is pulled back with everything else; the parsers turn those files into the
+manifest's `facts`. The raw files stay, so nothing a parser missed is lost.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.engines import Engine
+
+
+@dataclass(frozen=True)
+class Fact:
+    name: str
+    command: str
+    parse: Callable[[str], Any] = staticmethod(lambda text: text.strip() or None)
+
+
+def _gpus(text: str) -> list[dict] | None:
+    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 3]
+    return [{"name": r[0], "memory_total_mib": r[1], "driver": r[2], "cuda_capability": r[3]}
+            for r in rows] or None
+
+
+def _env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def _first_line(text: str) -> str | None:
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else None
+
+
+def _cuda(text: str) -> str | None:
+    m = re.search(r"CUDA Version:\s*([\d.]+)", text)
+    return m.group(1) if m else None
+
+
+def facts_for(engine: Engine) -> list[Fact]:
+    return [
+        Fact("gpus", "nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap "
+                     "--format=csv,noheader,nounits", _gpus),
+        Fact("cuda", "nvidia-smi", _cuda),
+        Fact("python", "python --version", _first_line),
+        Fact("engine_version", engine.version_command, _first_line),
+        Fact("pip_freeze", "python -m pip freeze", lambda t: len(t.splitlines()) or None),
+        # names that look secret are left out at the source (see harness.secrets)
+        Fact("env", "env | grep -E '^(NCCL|CUDA|SGLANG|VLLM|NVIDIA|TORCH|PYTORCH)_' "
+                    "| grep -viE '^[^=]*(TOKEN|SECRET|PASSWORD|KEY)[^=]*=' | sort", _env),
+        Fact("kernel", "uname -sr", _first_line),
+    ]
+
+
+def collect_script(facts: list[Fact], facts_dir: str) -> str:
+    """One shell snippet that runs every fact command into facts/<name>.txt, failures included."""
+    d = shlex.quote(facts_dir)
+    return "; ".join(f"( {f.command} ) > {d}/{f.name}.txt 2>&1" for f in facts)
+
+
+def parse_facts(facts: list[Fact], local_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in facts:
+        path = local_dir / f"{f.name}.txt"
+        if path.exists():
+            out[f.name] = f.parse(path.read_text(errors="replace"))
+    if isinstance(out.get("pip_freeze"), int):
+        out["pip_freeze"] = f"{out['pip_freeze']} packages (facts/pip_freeze.txt)"
+    return out

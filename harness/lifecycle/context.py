@@ -1,0 +1,96 @@
+"""What every lifecycle stage is handed: the run, its host and connection, its paths, and its record."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.config.inventory import Host
+from harness.errors import RemoteError, RunFailed
+from harness.plan import Rendered, RunSpec, Sweep
+from harness.transport.base import Result, Transport
+
+REMOTE_TOOLS = ("agent.py", "bench.py")
+TOOLS_DIR = Path(__file__).resolve().parent.parent / "remote"
+
+
+@dataclass
+class RunContext:
+    sweep: Sweep
+    run: RunSpec
+    host: Host
+    transport: Transport
+    rendered: Rendered
+    local_dir: Path
+    tools_dir: str                               # where agent.py and bench.py live on the host
+    on_phase: Callable[[str], None] = lambda phase: None
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)   # what stages add to the manifest
+
+    @property
+    def paths(self):
+        return self.rendered.paths
+
+    @property
+    def venv(self) -> str:
+        return self.host.venv or ""
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv}/bin/python"
+
+    @property
+    def server_address(self) -> str:
+        """Where a client on the host reaches the server."""
+        bind = self.sweep.playbook.server.host
+        return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.server_address}:{self.rendered.port}"
+
+    @contextmanager
+    def phase(self, name: str):
+        self.on_phase(name)
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = {"seconds": round(time.monotonic() - start, 3)}
+
+    def sh(self, command: str, *, timeout: float, check: bool = True) -> Result:
+        try:
+            return self.transport.run(command, timeout=timeout, check=check)
+        except RemoteError as e:
+            e.run_id = self.run.run_id
+            raise
+
+    def in_venv(self, command: str) -> str:
+        """A command run with the host's venv activated (the seeds' ModuleNotFoundError came from not)."""
+        return f"source {shlex.quote(self.venv + '/bin/activate')} && {command}"
+
+    def agent_command(self, *args: str | int | float) -> str:
+        words = " ".join(shlex.quote(str(a)) for a in args)
+        return f"{shlex.quote(self.python)} {shlex.quote(self.tools_dir + '/agent.py')} {words}"
+
+    def agent(self, *args: str | int | float, timeout: float) -> dict:
+        """Run one agent subcommand on the host and return its JSON answer."""
+        return self.parse_agent(str(args[0]), self.sh(self.agent_command(*args), timeout=timeout, check=False))
+
+    def parse_agent(self, what: str, result: Result) -> dict:
+        for line in reversed(result.stdout.strip().splitlines()):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+        raise RunFailed(f"the host agent gave no answer to {what!r} (exit {result.exit_code})",
+                        host=self.host.name, run_id=self.run.run_id, command=result.command,
+                        output=result.stderr or result.stdout, kind="preflight")
+
+    def fail(self, kind: str, message: str, *, output: str = "") -> RunFailed:
+        return RunFailed(message, host=self.host.name, run_id=self.run.run_id, output=output, kind=kind)

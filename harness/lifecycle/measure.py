@@ -1,0 +1,63 @@
+"""Warm-up, the decode benchmark and the profile capture, all run ON the host.
+
+The benchmark client (`harness/remote/bench.py`, standard library only) runs inside the host's venv
+next to the server, so no network sits between client and server in the measurement. The profile
+protocol (SGLang's num_steps with traffic flowing, vLLM's start/stop) runs in the host agent.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from harness.errors import RemoteTimeout
+from harness.lifecycle.context import RunContext
+from harness.lifecycle.server import server_alive
+
+
+def bench(ctx: RunContext) -> None:
+    b, q = ctx.sweep.playbook.benchmark, shlex.quote
+    words = ["--url", ctx.base_url, "--model", ctx.sweep.playbook.model.name, "--api", b.api,
+             "--concurrency", ",".join(map(str, b.concurrency)), "--warmup", b.warmup,
+             "--max-tokens", b.max_tokens, "--timeout", b.timeout_s, "--out", ctx.paths.bench_json]
+    if b.requests:
+        words += ["--requests", b.requests]
+    words += ["--prompt", b.prompt] if b.prompt else ["--prompt-tokens", b.prompt_tokens or 16]
+    words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
+    command = ctx.in_venv(f"python {q(ctx.tools_dir + '/bench.py')} " + " ".join(q(str(w)) for w in words))
+    # the worst case: every request of every level runs into its own timeout, one wave after another
+    waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
+    budget = 120 + b.timeout_s * waves
+    try:
+        result = ctx.sh(command, timeout=budget, check=False)
+    except RemoteTimeout:
+        if not server_alive(ctx):
+            raise ctx.fail("server_died", "the server died during the benchmark") from None
+        raise
+    if result.exit_code != 0:
+        if not server_alive(ctx):
+            raise ctx.fail("server_died", "the server died during the benchmark",
+                           output=result.stderr or result.stdout)
+        raise ctx.fail("bench", f"the benchmark client failed (exit {result.exit_code})",
+                       output=result.stderr or result.stdout)
+    if not server_alive(ctx):
+        raise ctx.fail("server_died", "the server died during the benchmark", output=result.stderr)
+    ctx.record["bench_stderr"] = result.stderr[-4000:]
+
+
+def profile(ctx: RunContext) -> dict:
+    """Capture a trace from every rank; a refusal is recorded, never a run failure (the benchmark stands)."""
+    pb = ctx.sweep.playbook
+    p = pb.profile
+    ranks = ctx.sweep.engine.ranks(ctx.rendered.args)
+    args = ["profile", "--protocol", ctx.sweep.engine.protocol, "--url", ctx.base_url, "--model",
+            pb.model.name, "--dir", ctx.paths.profile_dir, "--ranks", ranks, "--num-steps", p.num_steps,
+            "--concurrency", p.concurrency, "--timeout", p.timeout_s,
+            "--max-tokens", max(pb.benchmark.max_tokens, 4 * p.num_steps)]
+    if p.start_step is not None:
+        args += ["--start-step", p.start_step]
+    if pb.benchmark.prompt:
+        args += ["--prompt", pb.benchmark.prompt]
+    answer = ctx.agent(*args, timeout=p.timeout_s + 120)
+    answer["num_steps"] = p.num_steps
+    answer["mode"] = p.mode
+    return answer

@@ -1,0 +1,60 @@
+"""Preflight: before anything is launched, is this host able to run this configuration?
+
+One remote command checks the venv, the engine import, the port, the GPUs and the disk (the agent's
+`probe`), lists the installed engine's flags (so a flag the installed version dropped fails here, in
+seconds, not at 3 a.m.), and records the host's facts.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from harness.facts import collect_script, facts_for
+from harness.lifecycle.context import RunContext
+from harness.render import flag_pairs
+
+NO_VENV = "__harness_no_venv__"
+SEP = "__harness_help__"
+
+
+def preflight(ctx: RunContext) -> dict:
+    q = shlex.quote
+    engine, paths = ctx.sweep.engine, ctx.paths
+    probe = ctx.agent_command("probe", "--module", engine.module, "--port", ctx.rendered.port,
+                              "--bind", ctx.server_address, "--dir", paths.root)
+    command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; "
+               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} && {probe}; echo {SEP}; "
+               f"( {ctx.in_venv(engine.help_command)} ) 2>&1 | tail -c 2000000; "
+               f"( {ctx.in_venv(collect_script(facts_for(engine), paths.facts_dir))} ) >/dev/null 2>&1; true")
+    out = ctx.sh(command, timeout=600).stdout
+    if NO_VENV in out:
+        raise ctx.fail("preflight", f"the venv {ctx.venv} does not exist on {ctx.host.name} (no "
+                       f"{ctx.python}): create it there, or fix `venv:` for this host in the inventory")
+    probe_text, _, help_text = out.partition(SEP)
+    try:
+        probe = json.loads(probe_text.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise ctx.fail("preflight", f"the venv python {ctx.python} on {ctx.host.name} could not run the "
+                       "harness agent", output=out) from None
+    if not probe["module_ok"]:
+        raise ctx.fail("preflight", f"the venv {ctx.venv} on {ctx.host.name} cannot import "
+                       f"{engine.module!r} ({probe.get('module_error')}): install it in that venv, or "
+                       f"point `venv:` at the venv that has it")
+    if not probe["port_free"]:
+        holders = "; ".join(f"pid {h['pid']}: {h['command']}" for h in probe.get("port_holders", []))
+        raise ctx.fail("preflight", f"port {ctx.rendered.port} on {ctx.host.name} is already in use "
+                       f"({holders}); stop that server or choose another server.port")
+    busy = (probe.get("gpus") or {}).get("processes") or []
+    if busy:
+        held = "; ".join(f"pid {p['pid']} {p['name']} ({p['memory_mib']} MiB)" for p in busy)
+        raise ctx.fail("preflight", f"the GPUs of {ctx.host.name} are busy: {held}")
+    if "--help" not in help_text:
+        raise ctx.fail("preflight", f"`{engine.help_command}` in {ctx.venv} on {ctx.host.name} listed no "
+                       "flags", output=help_text[-2000:])
+    unknown = engine.unknown_flags(help_text, sorted({f for f, _ in flag_pairs(ctx.rendered.args)}))
+    if unknown:
+        raise ctx.fail("preflight", f"the {engine.name} installed in {ctx.venv} on {ctx.host.name} does not "
+                       f"accept {', '.join(unknown)} (not in `{engine.help_command}`): the flag was "
+                       "renamed or removed in this version", output=help_text[-2000:])
+    return probe

@@ -1,0 +1,145 @@
+"""One run, start to finish: preflight, launch, health, bench, profile, teardown (always), collect, analyze.
+
+Each stage is a function of the RunContext; this module only sequences them, times them, and turns
+what happened into the manifest. Teardown runs whatever happened before it; collect runs after
+teardown (so server.log is complete and nsys has written its report) and even for a failed run, whose
+log is the first thing a person wants to read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import harness
+from harness.errors import HarnessError, RemoteError, tail
+from harness.facts import facts_for, parse_facts
+from harness.lifecycle.context import RunContext
+from harness.lifecycle.measure import bench, profile
+from harness.lifecycle.preflight import preflight
+from harness.lifecycle.server import launch, teardown, wait_healthy
+from harness.results import atomic_write, write_json
+
+UNREACHABLE = ("unreachable", "auth", "host_key")
+
+
+def execute(ctx: RunContext) -> dict:
+    """Run every stage; return the manifest (also written to the run directory)."""
+    started = time.time()
+    error: HarnessError | None = None
+    profile_record: dict | None = None
+    pb = ctx.sweep.playbook
+    atomic_write(ctx.local_dir / "launch.sh", ctx.rendered.script)
+    try:
+        with ctx.phase("preflight"):
+            ctx.record["probe"] = preflight(ctx)
+        launched = False
+        try:
+            with ctx.phase("launch"):
+                launch(ctx)
+                launched = True
+            with ctx.phase("health"):
+                wait_healthy(ctx)
+            with ctx.phase("bench"):
+                bench(ctx)
+            if pb.profile.mode != "none":
+                with ctx.phase("profile"):
+                    profile_record = profile(ctx)
+        finally:
+            if launched:
+                _teardown(ctx)
+    except HarnessError as e:
+        error = e
+    if error is None or error.kind not in UNREACHABLE:
+        error = _collect(ctx, error)
+    return _manifest(ctx, error, profile_record, started)
+
+
+def _teardown(ctx: RunContext) -> None:
+    try:
+        with ctx.phase("teardown"):
+            ctx.record["teardown"] = teardown(ctx)
+    except HarnessError as e:  # never hide the error that brought us here; record this one
+        ctx.record.setdefault("warnings", []).append(f"teardown: {e}")
+
+
+def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None:
+    max_mb = ctx.sweep.playbook.profile.max_mb
+    try:
+        with ctx.phase("collect"):
+            pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600,
+                                        max_bytes=int(max_mb * 1e6) if max_mb else None)
+        ctx.record["collected"] = {"files": pulled.files, "bytes": pulled.bytes, "sha256": pulled.sha256,
+                                   "skipped": list(pulled.skipped)}
+    except HarnessError as e:
+        if error is None:
+            e.kind = "collect"
+            return e
+        ctx.record.setdefault("warnings", []).append(f"collect: {e}")
+    return error
+
+
+def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
+    from harness.analysis import analyze_path  # heavy-ish; only runs with traces
+    if not profile_record or not profile_record.get("files"):
+        return None
+    try:
+        analysis = analyze_path(local_dir / "profile", steps=profile_record.get("num_steps"))
+    except HarnessError as e:
+        return {"error": str(e)}
+    write_json(local_dir / "analysis.json", analysis)
+    return {"file": "analysis.json", "total_gpu_ms": analysis.get("total_gpu_ms"),
+            "per_step_ms": analysis.get("per_step_ms")}
+
+
+def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict | None,
+              started: float) -> dict:
+    sweep, redact = ctx.sweep, ctx.sweep.redactor
+    template_text = sweep.template.read_text()
+    status = "failed" if error else "ok"
+    log_tail = ctx.record.get("log_tail")
+    if log_tail is None and (ctx.local_dir / "server.log").exists():
+        log_tail = tail((ctx.local_dir / "server.log").read_text(errors="replace"), 40)
+    profile_out = None
+    if profile_record is not None:
+        profile_out = {k: profile_record.get(k) for k in
+                       ("status", "mode", "files", "missing_ranks", "expected_ranks", "num_steps", "dir",
+                        "bytes", "error", "hint", "answers", "seconds")}
+        if profile_record.get("status") != "failed":
+            profile_out["analysis"] = _analyze(ctx.local_dir, profile_record)
+    manifest = {
+        "schema": "harness.run/1",
+        "run_id": ctx.run.run_id,
+        "sweep_id": sweep.sweep_id,
+        "config": {"name": ctx.run.config.name, "description": ctx.run.config.description,
+                   "args": ctx.rendered.args,
+                   "env": redact.env({**ctx.rendered.env, **ctx.rendered.secret_env}, sweep.secret_names)},
+        "repeat": ctx.run.repeat,
+        "host": ctx.host.public(redact),
+        "engine": sweep.engine.name,
+        "protocol": sweep.engine.protocol,
+        "model": sweep.playbook.model.model_dump(),
+        "port": ctx.rendered.port,
+        "template": {"path": str(sweep.template), "sha256": hashlib.sha256(template_text.encode()).hexdigest(),
+                     "text": template_text},
+        "benchmark": sweep.playbook.benchmark.model_dump(),
+        "profile_settings": sweep.playbook.profile.model_dump(),
+        "status": status,
+        "error": ({"kind": error.kind, "message": str(error),
+                   "detail": error.detail() if isinstance(error, RemoteError) else str(error),
+                   "log_tail": log_tail} if error else None),
+        "attempts": ctx.record.get("attempts", 1),
+        "phases": ctx.phases,
+        "collected": ctx.record.get("collected", {"files": 0, "bytes": 0}),
+        "profile": profile_out,
+        "facts": parse_facts(facts_for(sweep.engine), ctx.local_dir / "facts"),
+        "probe": ctx.record.get("probe"),
+        "warnings": ctx.record.get("warnings", []),
+        "started": started,
+        "finished": time.time(),
+        "harness_version": harness.__version__,
+    }
+    manifest = redact.data(manifest)
+    write_json(ctx.local_dir / "manifest.json", manifest)
+    return manifest

@@ -1,0 +1,79 @@
+"""Launch, health and teardown of the engine server on its host.
+
+The server starts detached in its own session and process group (`setsid`), stdin from /dev/null,
+output to server.log, its process-group id in server.pid and its exit code in server.exit: a
+backgrounded command without redirects would hold the SSH channel open (fabric #1828), and without a
+pty nothing is signalled when the channel closes, so we own the group and kill it ourselves.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from harness.lifecycle.context import RunContext
+
+OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|Cannot allocate memory", re.I)
+
+
+def launch(ctx: RunContext) -> int:
+    paths, q = ctx.paths, shlex.quote
+    ctx.transport.put(ctx.rendered.script.encode(), paths.launch, mode=0o755)
+    if ctx.rendered.secret_env:
+        secrets = "".join(f"{k}={q(v)}\n" for k, v in ctx.rendered.secret_env.items())
+        ctx.transport.put(secrets.encode(), paths.secrets_file, mode=0o600)
+    root = q(paths.root)
+    # the wrapper writes its own pid: after setsid it leads the session and the process group, whether
+    # or not setsid had to fork to get there
+    command = (f"cd {root} && rm -f server.exit server.pid && "
+               "{ setsid bash -c 'echo $$ >server.pid; bash launch.sh >server.log 2>&1 </dev/null; "
+               "echo $? >server.exit' >/dev/null 2>&1 </dev/null & } && "
+               "for _ in $(seq 100); do [ -s server.pid ] && break; sleep 0.05; done; cat server.pid")
+    pid = int(ctx.sh(command, timeout=60).stdout.split()[-1])
+    ctx.record["server_pid"] = pid
+    return pid
+
+
+def wait_healthy(ctx: RunContext) -> float:
+    """Seconds until healthy; fails fast (kind oom/launch) when the server exits while loading."""
+    pb, paths = ctx.sweep.playbook, ctx.paths
+    timeout = pb.server.startup_timeout_s
+    health = ctx.base_url + (pb.server.health_path or ctx.sweep.engine.health_path)
+    answer = ctx.agent("wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
+                       f"{paths.root}/server.exit", "--log", paths.log, "--timeout", timeout,
+                       timeout=timeout + 120)
+    if answer["status"] == "healthy":
+        return answer["seconds"]
+    log = answer.get("log_tail", "")
+    ctx.record["log_tail"] = log
+    if answer["status"] == "died":
+        code = answer.get("exit_code")
+        if OOM.search(log):
+            raise ctx.fail("oom", f"the server ran out of memory while starting (exit {code}); "
+                           "lower mem-fraction-static / gpu-memory-utilization or use more GPUs", output=log)
+        raise ctx.fail("launch", f"the server exited during startup (exit {code}) after "
+                       f"{answer['seconds']:.0f} s", output=log)
+    raise ctx.fail("startup_timeout", f"not healthy after {timeout:g} s (last answer from {health}: "
+                   f"{answer.get('last_answer') or 'none'})", output=log)
+
+
+def server_alive(ctx: RunContext) -> bool:
+    q = shlex.quote
+    out = ctx.sh(f"pid=$(cat {q(ctx.paths.pid_file)} 2>/dev/null) && kill -0 \"$pid\" 2>/dev/null "
+                 "&& echo alive || echo gone", timeout=30, check=False).stdout
+    return "alive" in out
+
+
+def stop_command(ctx: RunContext) -> str:
+    """Kill the server's process group, wait for the port to close, remove the secrets file."""
+    return (ctx.agent_command("stop", "--pid-file", ctx.paths.pid_file, "--port", ctx.rendered.port,
+                              "--bind", ctx.server_address, "--timeout", 30) + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
+
+
+def teardown(ctx: RunContext) -> dict:
+    answer = ctx.parse_agent("stop", ctx.sh(stop_command(ctx), timeout=120, check=False))
+    if not answer.get("port_closed", True):
+        holders = answer.get("port_holders")
+        ctx.record.setdefault("warnings", []).append(f"port {ctx.rendered.port} still open after teardown: {holders}")
+    return answer
+

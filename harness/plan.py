@@ -1,0 +1,192 @@
+"""From inventory + playbook + template to the list of runs, each with its rendered launch script.
+
+Everything here is pure: nothing touches a host, so `harness plan` and `harness sweep --dry-run` show
+exactly what would run, and every mistake (an undefined template variable included) surfaces as an
+InputError before the first SSH connection.
+
+Run ids begin with the configuration name: `tp8-1` (pool placement, repeat 1) or `tp8-gpu01-1`
+(placement `each`). They are stable, so `--resume` can match a journal to a plan.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness.config.inventory import Host, Inventory, load_inventory
+from harness.config.playbook import Config, Playbook, load_playbook
+from harness.config.yamlfile import Loc, YamlDoc
+from harness.engines import Engine, get_engine
+from harness.errors import InputError
+from harness.render import render_string, render_template
+from harness.secrets import Redactor, is_secret
+
+PACKAGE_ROOT = Path(harness.__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    config: Config
+    repeat: int                    # 1-based
+    hosts: tuple[Host, ...]        # where it may run: the pool's hosts, or the one host of `each`
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run lives on its host."""
+    root: str                      # workdir/sweep_id/run_id
+
+    @classmethod
+    def of(cls, host: Host, sweep_id: str, run_id: str) -> "RunPaths":
+        return cls(f"{host.workdir.rstrip('/')}/{sweep_id}/{run_id}")
+
+    def __getattr__(self, name: str) -> str:
+        files = {"launch": "launch.sh", "log": "server.log", "pid_file": "server.pid",
+                 "secrets_file": ".secrets.env", "profile_dir": "profile", "facts_dir": "facts",
+                 "bench_json": "bench.json"}
+        if name in files:
+            return f"{self.root}/{files[name]}"
+        raise AttributeError(name)
+
+
+@dataclass
+class Rendered:
+    script: str
+    args: dict[str, Any]
+    env: dict[str, str]            # public env (in the script)
+    secret_env: dict[str, str]     # reaches the host in a 0600 file, never in the script
+    port: int
+    paths: RunPaths
+
+
+@dataclass
+class Sweep:
+    playbook: Playbook
+    doc: YamlDoc
+    inventory: Inventory
+    hosts: list[Host]
+    engine: Engine
+    template: Path
+    sweep_id: str
+    runs: list[RunSpec] = field(default_factory=list)
+
+    @property
+    def secret_names(self) -> list[str]:
+        return [*self.playbook.secrets, *{s for h in self.hosts for s in h.secrets}]
+
+    @property
+    def redactor(self) -> Redactor:
+        values = []
+        for env in [self.playbook.server.env, *(c.env for c in self.playbook.configs),
+                    *(h.env for h in self.hosts)]:
+            values += [v for k, v in env.items() if is_secret(k, self.secret_names)]
+        return Redactor(values)
+
+    def render(self, run: RunSpec, host: Host) -> Rendered:
+        pb = self.playbook
+        paths = RunPaths.of(host, self.sweep_id, run.run_id)
+        port = pb.server.port or self.engine.default_port
+        base = {
+            "run": {"id": run.run_id, "repeat": run.repeat, "sweep_id": self.sweep_id, "dir": paths.root,
+                    "profile_dir": paths.profile_dir, "log": paths.log, "pid_file": paths.pid_file,
+                    "secrets_file": paths.secrets_file},
+            "host": host.model_dump(mode="json", exclude={"env"}),
+            "config": {"name": run.config.name, "description": run.config.description},
+            "model": pb.model.model_dump() | {"name": pb.model.name},
+            "engine": self.engine.name, "flavor": pb.flavor, "launcher": self.engine.launcher,
+            "profile": pb.profile.model_dump(), "benchmark": pb.benchmark.model_dump(),
+            "vars": pb.vars, "playbook": {"name": pb.name}, "harness_version": harness.__version__,
+            "nodes": [host.name], "node_rank": 0, "port": port,
+            "server": {"port": port, "host": pb.server.host, "startup_timeout_s": pb.server.startup_timeout_s},
+        }
+        index = pb.configs.index(run.config)
+        args = self._merged(base, [(("server", "args"), pb.server.args),
+                                   (("configs", index, "args"), run.config.args)])
+        env = self._merged(base, [(None, host.env), (("server", "env"), pb.server.env),
+                                  (("configs", index, "env"), run.config.env)])
+        secret = {k: v for k, v in env.items() if is_secret(k, self.secret_names)}
+        public = {k: v for k, v in env.items() if k not in secret}
+        context = base | {"args": args, "env": public, "secret_names": sorted(secret),
+                          "server": base["server"] | {"args": args, "env": public}}
+        return Rendered(render_template(self.template, context), args, public, secret, port, paths)
+
+    def _merged(self, context: dict, layers: list[tuple[Loc | None, dict]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for loc, layer in layers:
+            for key, value in layer.items():
+                out[key] = self._render_value(value, context, loc + (key,) if loc else None)
+        return out
+
+    def _render_value(self, value: Any, context: dict, loc: Loc | None) -> Any:
+        if isinstance(value, str):
+            where = ".".join(str(p) for p in loc) if loc else "inventory env"
+            return render_string(value, context, where=where, file=str(self.doc.path) if loc else None,
+                                 line=self.doc.line(loc) if loc else None)
+        if isinstance(value, list):
+            return [self._render_value(v, context, loc) for v in value]
+        return value
+
+    def validate(self) -> None:
+        """Render every run for every host it may land on: all template errors, before any host."""
+        for run in self.runs:
+            for host in run.hosts:
+                self.render(run, host)
+
+
+def find_template(path: str | None, engine: str, playbook_path: Path) -> Path:
+    name = path or f"templates/{engine}.sh.j2"
+    candidate = Path(name).expanduser()
+    if candidate.is_absolute():
+        return candidate
+    for base in (Path.cwd(), playbook_path.parent, playbook_path.parent.parent, PACKAGE_ROOT):
+        if (base / candidate).is_file():
+            return base / candidate
+    raise InputError(f"launch template {name!r} not found (looked beside the playbook and in "
+                     f"{Path.cwd()})", file=str(playbook_path), key="template")
+
+
+def expand(pb: Playbook, hosts: list[Host]) -> list[RunSpec]:
+    runs = []
+    for config in pb.configs:
+        for rep in range(1, pb.repeat + 1):
+            if pb.placement == "pool":
+                runs.append(RunSpec(f"{config.name}-{rep}", config, rep, tuple(hosts)))
+            else:
+                runs += [RunSpec(f"{config.name}-{h.name}-{rep}", config, rep, (h,)) for h in hosts]
+    return runs
+
+
+def new_sweep_id(name: str) -> str:
+    return f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: str | None = None,
+               sweep_id: str | None = None) -> Sweep:
+    """Load and validate everything; raises InputError naming file, key and line."""
+    playbook_path = Path(playbook_path)
+    pb, doc = load_playbook(playbook_path)
+    inventory = load_inventory(inventory_path)
+    hosts = inventory.select(pb.hosts, what=f"{playbook_path}: hosts")
+    if limit:
+        allowed = {h.name for h in inventory.select(limit)}
+        hosts = [h for h in hosts if h.name in allowed]
+        if not hosts:
+            raise InputError(f"--limit {limit!r} leaves none of the playbook's hosts ({pb.hosts!r})",
+                             key="--limit")
+    # a local host without a venv runs the engine in the harness's own environment
+    hosts = [h.model_copy(update={"venv": sys.prefix}) if h.transport == "local" and not h.venv else h
+             for h in hosts]
+    for h in hosts:
+        if h.transport == "ssh" and not h.venv:
+            raise InputError(f"host {h.name!r} has no venv: set `venv:` for it or its group",
+                             file=str(inventory.path), key=f"{h.name}.venv")
+    sweep = Sweep(pb, doc, inventory, hosts, get_engine(pb.engine, pb.flavor),
+                  find_template(pb.template, pb.engine, playbook_path), sweep_id or new_sweep_id(pb.name))
+    sweep.runs = expand(pb, hosts)
+    sweep.validate()
+    return sweep

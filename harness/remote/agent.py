@@ -1,0 +1,376 @@
+"""The harness's hands on a GPU host: one standard-library file, uploaded and run inside the host's venv.
+
+Each subcommand does one lifecycle step locally on the host, where polling is cheap, and prints one JSON
+object on stdout, so the orchestrator needs one SSH command per step instead of one per poll:
+
+    probe    --module M --port P --bind H --dir D    python, engine import, port holder, disk, GPUs
+    wait     --url U --pid-file F --timeout S         health: healthy | died | timeout (+ log tail)
+    profile  --protocol sglang|vllm --url U --dir D ...   start the engine profiler, keep traffic
+                                                      flowing, await every rank's trace file
+    stop     --pid-file F --port P --timeout S        kill the server's process group, confirm the port closed
+
+Python >= 3.9, no third-party imports: it must run in whatever venv the host has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def emit(obj: dict) -> int:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def log_tail(path: str, lines: int = 60) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
+    """(status, body text); status 0 with the reason when the connection itself failed."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read(4096).decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(4096).decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError) as e:
+        return 0, str(getattr(e, "reason", e))
+
+
+# --- process and port facts -------------------------------------------------------------------------
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def port_listeners(port: int) -> list[dict]:
+    """Processes with a listening TCP socket on `port`, from /proc (no ss/lsof needed)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(parts[9])
+        except OSError:
+            continue
+    holders = []
+    if not inodes:
+        return holders
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+                holders.append({"pid": int(pid), "command": cmd[:300]})
+                break
+    return holders or [{"pid": None, "command": "unknown (not visible to this user)"}]
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def gpus() -> dict:
+    if not shutil.which("nvidia-smi"):
+        return {"available": False}
+    def query(what: str, fields: str) -> list[list[str]]:
+        out = subprocess.run(["nvidia-smi", f"--query-{what}={fields}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+    try:
+        devices = [{"index": int(i), "name": n, "memory_used_mib": float(u), "memory_total_mib": float(t)}
+                   for i, n, u, t in query("gpu", "index,name,memory.used,memory.total")]
+        apps = [{"pid": p, "name": n, "memory_mib": m}
+                for p, n, m in query("compute-apps", "pid,process_name,used_memory")]
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return {"available": True, "error": str(e)}
+    return {"available": True, "devices": devices, "processes": apps}
+
+
+# --- subcommands --------------------------------------------------------------------------------------
+
+def cmd_probe(a) -> int:
+    out: dict = {"python": sys.version.split()[0], "executable": sys.executable}
+    r = subprocess.run([sys.executable, "-c", f"import {a.module}"], capture_output=True, text=True,
+                       timeout=300)
+    out["module_ok"] = r.returncode == 0
+    if r.returncode:
+        lines = r.stderr.strip().splitlines()
+        out["module_error"] = lines[-1] if lines else f"exit {r.returncode}"
+    out["port_free"] = not port_open(a.bind, a.port) and not port_listeners(a.port)
+    if not out["port_free"]:
+        out["port_holders"] = port_listeners(a.port)
+    os.makedirs(a.dir, exist_ok=True)
+    out["disk_free_gb"] = round(shutil.disk_usage(a.dir).free / 1e9, 2)
+    out["gpus"] = gpus()
+    return emit(out)
+
+
+def cmd_wait(a) -> int:
+    start = time.monotonic()
+    last = ""
+    while True:
+        pid = read_pid(a.pid_file)
+        if pid is not None and not pid_alive(pid):
+            code = None
+            try:
+                with open(a.exit_file) as f:
+                    code = int(f.read().strip() or "0")
+            except (OSError, ValueError):
+                pass
+            return emit({"status": "died", "seconds": time.monotonic() - start, "exit_code": code,
+                         "last_answer": last, "log_tail": log_tail(a.log)})
+        status, body = http("GET", a.url, timeout=a.probe_timeout)
+        if status == 200:
+            return emit({"status": "healthy", "seconds": time.monotonic() - start})
+        last = f"HTTP {status}: {body[:200]}" if status else body
+        if time.monotonic() - start > a.timeout:
+            return emit({"status": "timeout", "seconds": time.monotonic() - start, "last_answer": last,
+                         "log_tail": log_tail(a.log)})
+        time.sleep(a.interval)
+
+
+def cmd_stop(a) -> int:
+    pid = read_pid(a.pid_file)
+    out: dict = {"pid": pid, "was_running": bool(pid and pid_alive(pid)), "signal": None}
+    if out["was_running"]:
+        for sig, grace in ((signal.SIGTERM, a.timeout / 2), (signal.SIGKILL, a.timeout / 2)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            out["signal"] = sig.name
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and group_alive(pid):
+                time.sleep(0.1)
+            if not group_alive(pid):
+                break
+    deadline = time.monotonic() + a.timeout
+    while port_open(a.bind, a.port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    out["group_alive"] = bool(pid and group_alive(pid))
+    out["port_closed"] = not port_open(a.bind, a.port)
+    if not out["port_closed"]:
+        out["port_holders"] = port_listeners(a.port)
+    return emit(out)
+
+
+def group_alive(pgid: int) -> bool:
+    """Is any live (non-zombie) process left in the process group?"""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+# --- profile capture ------------------------------------------------------------------------------
+
+RANK = {"sglang": re.compile(r"-TP-(\d+)"), "vllm": re.compile(r"_tp(\d+)_")}
+TRACE_GLOB = {"sglang": "*.trace.json.gz", "vllm": "*.pt.trace.json.gz"}
+
+
+class Traffic:
+    """Streams kept flowing in background threads: SGLang's num_steps only counts steps with work."""
+
+    def __init__(self, url: str, body: dict, concurrency: int):
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(url, body), daemon=True)
+                        for _ in range(concurrency)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self, url: str, body: dict) -> None:
+        while not self.stop.is_set():
+            http("POST", url, body, timeout=120)
+            self.stop.wait(0.01)
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def traces(directory: str, protocol: str) -> dict[str, int]:
+    return {os.path.basename(p): os.path.getsize(p)
+            for p in glob.glob(os.path.join(directory, "**", TRACE_GLOB[protocol]), recursive=True)}
+
+
+def await_traces(a, deadline: float) -> dict[str, int]:
+    """Wait until a trace exists for every rank and no size changed for `stable_s` seconds."""
+    last: dict[str, int] = {}
+    stable_since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = traces(a.dir, a.protocol)
+        if now != last:
+            last, stable_since = now, time.monotonic()
+        ranks = {int(m.group(1)) for n in now if (m := RANK[a.protocol].search(n))}
+        if len(ranks) >= a.ranks and time.monotonic() - stable_since >= a.stable_s:
+            return now
+        time.sleep(0.25)
+    return last
+
+
+def cmd_profile(a) -> int:
+    os.makedirs(a.dir, exist_ok=True)
+    start = time.monotonic()
+    deadline = start + a.timeout
+    answers = []
+    out: dict = {"protocol": a.protocol, "dir": a.dir, "expected_ranks": a.ranks, "answers": answers}
+    body = {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": False}
+    traffic = None
+    if a.protocol == "sglang":
+        request = {"output_dir": a.dir, "num_steps": a.num_steps, "activities": ["CPU", "GPU"]}
+        if a.start_step is not None:
+            request["start_step"] = a.start_step
+        status, text = http("POST", a.url + "/start_profile", request)
+        answers.append({"call": "POST /start_profile", "request": request, "status": status, "body": text[:500]})
+        if status == 200:
+            # never /stop_profile after a num_steps start: it answers 500 and can write into an old dir
+            traffic = Traffic(a.url + "/v1/completions", body, a.concurrency)
+    else:
+        status, text = http("POST", a.url + "/start_profile")
+        answers.append({"call": "POST /start_profile", "status": status, "body": text[:500]})
+        if status == 200:
+            traffic = Traffic(a.url + "/v1/completions", dict(body, max_tokens=a.num_steps + 1), a.concurrency)
+            time.sleep(a.step_hint_s)
+            traffic.close()
+            status, text = http("POST", a.url + "/stop_profile", timeout=max(1.0, deadline - time.monotonic()))
+            answers.append({"call": "POST /stop_profile", "status": status, "body": text[:500]})
+    try:
+        files = await_traces(a, deadline) if status == 200 else traces(a.dir, a.protocol)
+    finally:
+        if traffic:
+            traffic.close()
+    ranks = {int(m.group(1)) for n in files if (m := RANK[a.protocol].search(n))}
+    missing = sorted(set(range(a.ranks)) - ranks)
+    out.update(files=[{"name": n, "bytes": s} for n, s in sorted(files.items())], missing_ranks=missing,
+               seconds=time.monotonic() - start, bytes=sum(files.values()))
+    if status != 200:
+        answer = f"HTTP {status}" if status else f"no answer ({text})"
+        out.update(status="failed",
+                   error=f"the engine answered {answers[-1]['call']} with {answer}: {text[:300]!r}"
+                   + ("" if files else f"; {a.dir} stayed empty"),
+                   hint=HINTS.get((a.protocol, status), HINTS[(a.protocol, None)]))
+    elif missing:
+        out.update(status="partial" if files else "failed",
+                   error=f"no trace from rank(s) {missing} in {a.dir} after {time.monotonic() - start:.0f} s",
+                   hint=HINTS[(a.protocol, None)])
+    else:
+        out["status"] = "ok"
+    return emit(out)
+
+
+HINTS = {
+    ("sglang", 500): "SGLang answers a bare 500 when a profile is already in progress (an earlier "
+                     "num_steps session that never saw traffic) or after it stopped by itself; restart "
+                     "the server or wait for the earlier session's traces in its own output_dir",
+    ("sglang", None): "SGLang writes traces only when profiling stops: keep traffic flowing for num_steps "
+                      "steps, check SGLANG_TORCH_PROFILER_DIR is writable on every node, and raise "
+                      "profile.timeout_s for large models",
+    ("vllm", 404): "vLLM answers 404 when no profiler was configured at launch: the template must pass "
+                   "--profiler-config.profiler torch --profiler-config.torch_profiler_dir DIR",
+    ("vllm", None): "vLLM flushes traces slowly on large models (minutes): raise profile.timeout_s",
+}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="agent", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("probe")
+    pr.add_argument("--module", required=True)
+    pr.add_argument("--port", type=int, required=True)
+    pr.add_argument("--bind", default="127.0.0.1")
+    pr.add_argument("--dir", required=True)
+    w = sub.add_parser("wait")
+    w.add_argument("--url", required=True)
+    w.add_argument("--pid-file", required=True)
+    w.add_argument("--exit-file", default="")
+    w.add_argument("--log", default="")
+    w.add_argument("--timeout", type=float, required=True)
+    w.add_argument("--interval", type=float, default=0.25)
+    w.add_argument("--probe-timeout", type=float, default=30.0)
+    s = sub.add_parser("stop")
+    s.add_argument("--pid-file", required=True)
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--bind", default="127.0.0.1")
+    s.add_argument("--timeout", type=float, default=30.0)
+    f = sub.add_parser("profile")
+    f.add_argument("--protocol", choices=sorted(TRACE_GLOB), required=True)
+    f.add_argument("--url", required=True)
+    f.add_argument("--model", required=True)
+    f.add_argument("--dir", required=True)
+    f.add_argument("--ranks", type=int, default=1)
+    f.add_argument("--num-steps", type=int, default=10)
+    f.add_argument("--start-step", type=int)
+    f.add_argument("--concurrency", type=int, default=1)
+    f.add_argument("--prompt", default="Hello")
+    f.add_argument("--max-tokens", type=int, default=64)
+    f.add_argument("--timeout", type=float, default=600.0)
+    f.add_argument("--stable-s", type=float, default=1.0)
+    f.add_argument("--step-hint-s", type=float, default=2.0, help="vLLM: traffic time between start and stop")
+    a = p.parse_args(argv)
+    return {"probe": cmd_probe, "wait": cmd_wait, "stop": cmd_stop, "profile": cmd_profile}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,684 @@
+"""The decode benchmark client: one standard-library file that runs on the GPU host, next to the server.
+
+The harness uploads this file and runs it inside the host's venv, so it imports nothing outside the
+standard library (the seeds' timing script died on `ModuleNotFoundError: requests`) and nothing from
+the rest of `harness`:
+
+    python bench.py --url http://127.0.0.1:30000 --model NAME --concurrency 1,8,32 --out bench.json
+
+Each concurrency level runs in order: `--warmup` requests that are not measured, then `--requests`
+requests (default: twice the concurrency, at least 16) with `concurrency` of them in flight (a closed
+loop: a stream sends its next request when its last one ends), or as many as fit in `--duration`
+seconds. Requests are greedy (temperature 0), streamed, ask for usage, and ignore EOS by default so
+every request decodes `--max-tokens` tokens. Results: bench.json (SPEC.md "bench.json and
+requests.jsonl") and requests.jsonl beside it; a short summary goes to stderr. Exit 0 even when some
+requests failed; 2 on bad arguments; 3 when no request of any level completed.
+
+Definitions (per request; a level's distributions pool its completed requests):
+    TTFT = first chunk carrying text (or reasoning text) - request sent
+    ITL  = gaps between consecutive text-carrying chunks (pooled over the level's requests)
+    TPOT = (E2E - TTFT) / (completion_tokens - 1), for requests of two tokens or more
+    E2E  = last text-carrying chunk - request sent
+    completion_tokens from the server's usage; without usage, the chunk count (tokens_from: "chunks")
+    level duration = first send to last finish; output_tok_s = completed requests' tokens / duration
+    decode = the steady-state window of the first wave (the first `concurrency` requests sent): from
+             the last of their first tokens to the first of their last tokens, when all of them decode
+    percentiles: linear interpolation between closest ranks (numpy's default method "linear");
+    std is the population standard deviation (numpy's default ddof=0).
+
+Fidelity: a chunk is stamped with time.monotonic_ns() taken when the event loop's select() returned
+with its socket readable, so a burst of streams (one decode step of a batch) read one socket after
+another is not stamped progressively later. The protocol callback only stamps and stores; HTTP, SSE and
+JSON parsing wait until the level has finished, so parsing never delays another stream's stamp, and
+the garbage collector is paused during a level for the same reason. Events that arrive in one read
+share its stamp (an ITL of 0): that is what the client saw. One process follows 256 streams at 100
+tok/s each (25,600 chunks a second) on about three quarters of a core. Beyond that, and only where
+cores are free beside the server's own (on a 2-core host it makes things worse), pass `--workers K` to
+split each level's streams over K processes that start together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import multiprocessing
+import os
+import platform
+import queue
+import re
+import selectors
+import socket
+import ssl
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
+
+SCHEMA = "harness.bench/1"
+DEFAULT_MAX_TOKENS = 128
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_PROMPT_WORDS = 16
+APIS = {"completions": "/completions", "chat": "/chat/completions"}
+STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
+
+# Common words that most tokenizers keep whole, so N words make roughly N prompt tokens.
+_WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be or "
+          "has had not but what all when there can more one about some time").split()
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+Reads = List[Tuple[int, bytes]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send and the exact bytes of the request; every request of a run is the same."""
+
+    host: str
+    address: str                # host resolved once, so no request waits on a resolver thread
+    port: int
+    tls: bool
+    request: bytes
+
+
+@dataclass
+class Outcome:
+    """What one request produced, parsed after its level ended; times are time.monotonic_ns()."""
+
+    sent_ns: int
+    end_ns: int
+    times: List[int]            # arrival of each text-carrying chunk
+    tokens: Optional[int]       # usage.completion_tokens; None when the server sent no usage
+    prompt_tokens: Optional[int]
+    status: Optional[int]
+    error: Optional[str]
+
+
+# --------------------------------------------------------------------------- the hot path
+
+class _StampingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """Notes when select() returned. A burst of streams (one decode step of a batch) is read one socket
+    after another; stamping each with this instant instead of its own recv keeps the last socket of a
+    256-stream burst from looking milliseconds late."""
+
+    ready_ns = 0
+
+    def select(self, timeout=None):
+        events = super().select(timeout)
+        self.ready_ns = time.monotonic_ns()
+        return events
+
+
+class _Exchange(asyncio.Protocol):
+    """One request on its own connection (`Connection: close`).
+
+    A Protocol rather than StreamReader: data_received runs straight from the event loop's select, with
+    no task wake-up. It stamps, stores and watches the framing only to know when the response is
+    complete (chunked terminator, Content-Length, or connection close).
+    """
+
+    def __init__(self, request: bytes, done: asyncio.Future, clock: _StampingSelector):
+        self.request, self.done, self.clock = request, done, clock
+        self.reads: Reads = []
+        self.sent_ns = self.end_ns = time.monotonic_ns()
+        self.error: Optional[str] = None
+        self.finished = False
+        self.transport: Optional[asyncio.BaseTransport] = None
+        self._head_done = False
+        self._chunked = False
+        self._left: Optional[int] = None      # Content-Length bytes still to come
+        self._tail = b"\r\n"                  # last bytes of a chunked body, to spot its terminator
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.sent_ns = time.monotonic_ns()
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append((self.clock.ready_ns, data))
+        if not self._head_done:
+            buf = b"".join(d for _, d in self.reads)
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            try:
+                _, self._chunked, self._left = _parse_head(buf[:end])
+            except ValueError:
+                return self.finish("malformed response head")
+            self._head_done = True
+            data = buf[end + 4:]
+        if self._chunked:
+            self._tail = (self._tail + data)[-7:]
+            if self._tail == b"\r\n0\r\n\r\n":
+                self.finish(None)
+        elif self._left is not None:
+            self._left -= len(data)
+            if self._left <= 0:
+                self.finish(None)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if exc is not None:
+            self.finish(f"connection error: {exc}")
+        elif not self._head_done:
+            self.finish("connection closed before the response")
+        elif self._chunked or self._left:
+            self.finish("connection closed mid-response")
+        else:
+            self.finish(None)  # a stream delimited by the connection's close
+
+    def finish(self, error: Optional[str]) -> None:
+        if self.finished:
+            return
+        self.finished, self.error = True, error
+        self.end_ns = self.reads[-1][0] if error is None and self.reads else time.monotonic_ns()
+        if not self.done.done():
+            self.done.set_result(None)
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Client:
+    """Sends the run's one request over fresh connections, on its own loop whose selector stamps arrivals."""
+
+    def __init__(self, target: Target, timeout: float):
+        self.target, self.timeout = target, timeout
+        self.clock = _StampingSelector()
+        self.loop = asyncio.SelectorEventLoop(self.clock)
+        self.tls = ssl.create_default_context() if target.tls else None
+
+    async def exchange(self) -> _Exchange:
+        """Send one request and wait for its end; failures land in `error`, never raise."""
+        proto = _Exchange(self.target.request, self.loop.create_future(), self.clock)
+
+        async def converse() -> None:
+            await self.loop.create_connection(
+                lambda: proto, self.target.address, self.target.port, ssl=self.tls,
+                server_hostname=self.target.host if self.tls else None)
+            await proto.done
+
+        try:
+            await asyncio.wait_for(converse(), self.timeout)
+        except asyncio.TimeoutError:
+            proto.finish("timeout")
+        except OSError as e:
+            proto.finish(f"cannot connect: {e}")
+        return proto
+
+    async def closed_loop(self, streams: int, count: Optional[int],
+                          duration: Optional[float]) -> List[_Exchange]:
+        """`streams` concurrent loops, each sending its next request when its last one ends."""
+        finished: List[_Exchange] = []
+        started = 0
+        deadline = None if duration is None else time.monotonic() + duration
+
+        async def stream() -> None:
+            nonlocal started
+            while (count is None or started < count) and (deadline is None or time.monotonic() < deadline):
+                started += 1
+                finished.append(await self.exchange())
+
+        await asyncio.gather(*(stream() for _ in range(streams)))
+        return finished
+
+
+def _run_share(target: Target, streams: int, count: Optional[int], warmup: int,
+               duration: Optional[float], timeout: float, barrier=None) -> List[Outcome]:
+    """Warm up, wait for the other workers, measure; parse only once every stream has ended."""
+    client = _Client(target, timeout)
+
+    async def level() -> List[_Exchange]:
+        if warmup:
+            await client.closed_loop(min(streams, warmup), warmup, None)
+        if barrier is not None:
+            barrier.wait()  # blocking is fine: nothing else is in flight
+        return await client.closed_loop(streams, count, duration)
+
+    collecting = gc.isenabled()
+    gc.disable()  # a full collection mid-level would show up as an ITL outlier
+    try:
+        exchanges = client.loop.run_until_complete(level())
+    finally:
+        client.loop.close()
+        if collecting:
+            gc.enable()
+    return [parse_exchange(x.sent_ns, x.end_ns, x.reads, x.error) for x in exchanges]
+
+
+def _worker(results, *share) -> None:
+    results.put([vars(o) for o in _run_share(*share)])
+
+
+def _split(total: int, parts: int) -> List[int]:
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _run_level(target: Target, concurrency: int, count: Optional[int], warmup: int,
+               duration: Optional[float], timeout: float, workers: int) -> List[Outcome]:
+    workers = min(workers, concurrency)
+    if workers == 1:
+        return _run_share(target, concurrency, count, warmup, duration, timeout)
+    # spawn, not fork: run_benchmark may be called in-process by a harness that has threads.
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(workers), ctx.Queue()
+    counts = [None] * workers if count is None else _split(count, workers)
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(results, target, streams, n, w, duration, timeout, barrier))
+             for streams, n, w in zip(_split(concurrency, workers), counts, _split(warmup, workers))]
+    for p in procs:
+        p.start()
+    try:
+        outcomes: List[Outcome] = []
+        for _ in procs:
+            outcomes += [Outcome(**o) for o in _collect(results, procs)]
+        return outcomes
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+
+
+def _collect(results, procs) -> list:
+    while True:
+        try:
+            return results.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a benchmark worker process exited with code {dead[0]}")
+
+
+# --------------------------------------------------------------------------- parsing, after the fact
+
+def _parse_head(head: bytes) -> Tuple[int, bool, Optional[int]]:
+    """Status, chunked or not, and Content-Length of an HTTP/1.x response head (ValueError if not one)."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/"):
+        raise ValueError(lines[0])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    length = None if chunked or "content-length" not in headers else int(headers["content-length"])
+    return int(rest.split(" ", 1)[0]), chunked, length
+
+
+def _dechunk(reads: Iterable[Tuple[int, bytes]]) -> Iterator[Tuple[int, bytes]]:
+    """Undo chunked transfer-encoding, keeping each piece with the stamp of the read that completed it."""
+    buf = b""
+    for t, data in reads:
+        buf += data
+        out = []
+        while True:
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                break
+            size = int(buf[:eol].split(b";")[0], 16)
+            if size == 0:
+                yield t, b"".join(out)
+                return
+            if len(buf) < eol + 4 + size:
+                break
+            out.append(buf[eol + 2:eol + 2 + size])
+            buf = buf[eol + 4 + size:]
+        yield t, b"".join(out)
+
+
+def _sse_events(reads: Iterable[Tuple[int, bytes]], ended: bool) -> Iterator[Tuple[int, bytes]]:
+    """Server-sent events, each stamped with the read that completed it; a last event without its blank
+    line too when the stream `ended` cleanly (a cut-off one is a fragment)."""
+    buf, t = b"", 0
+    for t, data in reads:
+        *events, buf = _EVENT_END.split(buf + data)
+        for event in events:
+            yield t, event
+    if ended and buf.strip():
+        yield t, buf
+
+
+def _event_data(event: bytes) -> Optional[bytes]:
+    lines = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
+    if not lines:
+        return None
+    return b"\n".join(line[1:] if line.startswith(b" ") else line for line in lines)
+
+
+def _error_message(obj: dict) -> Optional[str]:
+    """The text of an error sent inside a 200 stream: `{"object": "error", ...}` or `{"error": ...}`."""
+    if obj.get("object") == "error":
+        return str(obj.get("message") or obj)
+    err = obj.get("error")
+    if not err:
+        return None
+    return str(err.get("message") or err) if isinstance(err, dict) else str(err)
+
+
+def _carries_text(obj: dict) -> bool:
+    """Completions `text`, chat `content`, or reasoning (`reasoning_content` SGLang, `reasoning` vLLM)."""
+    for choice in obj.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                or delta.get("reasoning"):
+            return True
+    return False
+
+
+def _excerpt(data: bytes, limit: int = 200) -> str:
+    text = " ".join(data.decode("utf-8", "replace").split())
+    return (text[:limit] + "...") if len(text) > limit else (text or "(empty)")
+
+
+def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: Optional[str] = None) -> Outcome:
+    """Turn one request's stamped reads (raw HTTP response bytes) into an Outcome.
+
+    `error` is what the connection said (timeout, reset, closed early); an error the server reported
+    in the response (a non-200 status, an error event) takes precedence, being the more telling.
+    """
+    head = b""
+    for i, (t, data) in enumerate(reads):
+        head += data
+        end = head.find(b"\r\n\r\n")
+        if end >= 0:
+            break
+    else:
+        return Outcome(sent_ns, end_ns, [], None, None, None, error or "no response")
+    try:
+        status, chunked, _ = _parse_head(head[:end])
+    except ValueError:
+        return Outcome(sent_ns, end_ns, [], None, None, None, "malformed response head")
+    body: Reads = [(t, head[end + 4:])] + reads[i + 1:]
+    times: List[int] = []
+    tokens = prompt_tokens = None
+    failure = None
+    try:
+        if chunked:
+            body = list(_dechunk(body))
+        if status != 200:
+            return Outcome(sent_ns, end_ns, [], None, None, status,
+                           f"HTTP {status}: {_excerpt(b''.join(d for _, d in body))}")
+        seen_data = False
+        for t, event in _sse_events(body, ended=error is None):
+            data = _event_data(event)
+            if data is None:
+                continue
+            seen_data = True
+            if data == b"[DONE]":
+                break
+            obj = json.loads(data)
+            if not isinstance(obj, dict):
+                raise ValueError(data)
+            failure = _error_message(obj)
+            if failure:
+                break
+            if _carries_text(obj):
+                times.append(t)
+            usage = obj.get("usage")
+            if usage:  # assigned, not added: usage on the last content chunk counts once
+                tokens, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        if not seen_data and failure is None:
+            failure = "not an event stream: " + _excerpt(b"".join(d for _, d in body))
+    except (ValueError, AttributeError, TypeError) as e:  # bad chunk size, JSON or JSON shape
+        failure = f"malformed response: {e}"
+    return Outcome(sent_ns, end_ns, times, tokens, prompt_tokens, status, failure or error)
+
+
+# --------------------------------------------------------------------------- statistics
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """The p-th percentile of sorted values by linear interpolation between closest ranks (numpy's
+    default), so p99 of few samples lies between the two largest rather than on either."""
+    rank = (len(ordered) - 1) * p / 100
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def distribution(values: Iterable[float]) -> dict:
+    """{mean, std, min, p50, p90, p95, p99, max}; every value null when there are none."""
+    xs = sorted(values)
+    if not xs:
+        return dict.fromkeys(STATS)
+    mean = math.fsum(xs) / len(xs)
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / len(xs))
+    return {"mean": mean, "std": std, "min": xs[0], "p50": percentile(xs, 50), "p90": percentile(xs, 90),
+            "p95": percentile(xs, 95), "p99": percentile(xs, 99), "max": xs[-1]}
+
+
+def _ms(ns: int) -> float:
+    return ns / 1e6
+
+
+def request_record(concurrency: int, index: int, o: Outcome) -> dict:
+    """One line of requests.jsonl."""
+    tokens = o.tokens if o.tokens is not None else len(o.times)
+    ttft = e2e = tpot = None
+    if o.times:
+        ttft, e2e = _ms(o.times[0] - o.sent_ns), _ms(o.times[-1] - o.sent_ns)
+        if tokens >= 2:
+            tpot = (e2e - ttft) / (tokens - 1)
+    return {"concurrency": concurrency, "index": index, "start_ns": o.sent_ns, "end_ns": o.end_ns,
+            "ttft_ms": ttft, "itl_ms": [_ms(b - a) for a, b in zip(o.times, o.times[1:])],
+            "tpot_ms": tpot, "e2e_ms": e2e, "output_tokens": tokens,
+            "tokens_from": "usage" if o.tokens is not None else "chunks", "chunks": len(o.times),
+            "prompt_tokens": o.prompt_tokens, "status": o.status, "error": o.error}
+
+
+def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> Optional[dict]:
+    """Steady-state decode of the first wave: every one of its streams is past its first token and
+    none has finished, so no prefill of a newcomer interrupts. Chunk counts are scaled to tokens by
+    each request's usage/chunks ratio. None when the window is empty."""
+    wave = [o for o in sorted(outcomes, key=lambda o: o.sent_ns)[:concurrency] if o.error is None and o.times]
+    if not wave:
+        return None
+    start, end = max(o.times[0] for o in wave), min(o.times[-1] for o in wave)
+    if end <= start:
+        return None
+    window_s = (end - start) / 1e9
+    tokens = [sum(start < t <= end for t in o.times) * (o.tokens or len(o.times)) / len(o.times)
+              for o in wave]
+    return {"window_s": window_s, "streams": len(wave), "per_user_tok_s": sum(tokens) / len(wave) / window_s,
+            "aggregate_tok_s": sum(tokens) / window_s}
+
+
+def summarize_level(concurrency: int, outcomes: Sequence[Outcome]) -> Tuple[dict, List[dict]]:
+    """A level of bench.json and its requests.jsonl records (indexed in the order they were sent)."""
+    records = [request_record(concurrency, i, o)
+               for i, o in enumerate(sorted(outcomes, key=lambda o: o.sent_ns))]
+    ok = [r for r in records if r["error"] is None]
+    duration_s = 0.0
+    if outcomes:
+        duration_s = (max(o.end_ns for o in outcomes) - min(o.sent_ns for o in outcomes)) / 1e9
+    output_tokens = sum(r["output_tokens"] for r in ok)
+    level = {
+        "concurrency": concurrency, "requests": len(records), "completed": len(ok),
+        "failed": len(records) - len(ok), "duration_s": duration_s, "output_tokens": output_tokens,
+        "output_tok_s": output_tokens / duration_s if duration_s else None,
+        "requests_per_s": len(ok) / duration_s if duration_s else None,
+        "token_count_mismatches": sum(r["tokens_from"] == "usage" and r["output_tokens"] != r["chunks"]
+                                      for r in ok),
+        "usage_missing": sum(r["tokens_from"] == "chunks" for r in ok),
+        "errors": [{"error": e, "count": n}
+                   for e, n in Counter(r["error"] for r in records if r["error"]).most_common(10)],
+        "ttft_ms": distribution(r["ttft_ms"] for r in ok if r["ttft_ms"] is not None),
+        "itl_ms": distribution(x for r in ok for x in r["itl_ms"]),
+        "tpot_ms": distribution(r["tpot_ms"] for r in ok if r["tpot_ms"] is not None),
+        "e2e_ms": distribution(r["e2e_ms"] for r in ok if r["e2e_ms"] is not None),
+        "decode": decode_window(outcomes, concurrency),
+    }
+    return level, records
+
+
+# --------------------------------------------------------------------------- the API
+
+def synthetic_prompt(words: int) -> str:
+    """A deterministic prompt of `words` words (about as many tokens)."""
+    return " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
+
+
+def build_target(url: str, body: dict, api: str) -> Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must look like http://HOST:PORT, got {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)  # .port raises ValueError for a bad port
+    base = parts.path.rstrip("/")
+    path = (base if base.endswith("/v1") else base + "/v1") + APIS[api]
+    payload = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    try:
+        address = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as e:
+        raise ValueError(f"cannot resolve {parts.hostname!r}: {e}") from e
+    return Target(parts.hostname, address, port, tls, head.encode() + payload)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), requests: Optional[int] = None,
+                  warmup: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, prompt: Optional[str] = None,
+                  prompt_tokens: Optional[int] = None, api: str = "completions", ignore_eos: bool = True,
+                  timeout: float = DEFAULT_TIMEOUT_S, duration: Optional[float] = None, workers: int = 1,
+                  progress: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run every concurrency level; return bench.json's content plus "requests" (requests.jsonl's lines).
+
+    `requests` is per level (default: max(2 x concurrency, 16); with `duration`, a cap). Raises
+    ValueError on bad arguments; failed requests are recorded, never raised. `progress` is called with
+    each level as it finishes.
+    """
+    _check(bool(concurrency) and all(c >= 1 for c in concurrency), "concurrency must be positive integers")
+    _check(requests is None or requests >= 1, "requests must be at least 1")
+    _check(warmup >= 0, "warmup must be 0 or more")
+    _check(max_tokens >= 1, "max_tokens must be at least 1")
+    _check(prompt is None or prompt_tokens is None, "give a prompt or prompt_tokens, not both")
+    _check(prompt_tokens is None or prompt_tokens >= 1, "prompt_tokens must be at least 1")
+    _check(api in APIS, f"api must be one of {', '.join(APIS)}")
+    _check(timeout > 0 and (duration is None or duration > 0), "timeout and duration must be positive")
+    _check(workers >= 1, "workers must be at least 1")
+    words = None if prompt is not None else (prompt_tokens or DEFAULT_PROMPT_WORDS)
+    text = prompt if prompt is not None else synthetic_prompt(words)
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+    body.update({"messages": [{"role": "user", "content": text}]} if api == "chat" else {"prompt": text})
+    target = build_target(url, body, api)
+
+    result = {"schema": SCHEMA, "url": url, "model": model, "api": api, "max_tokens": max_tokens,
+              "prompt_tokens": None, "prompt": prompt, "prompt_words": words, "ignore_eos": ignore_eos,
+              "temperature": 0, "warmup": warmup, "timeout_s": timeout, "duration_limit_s": duration,
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "client": {"name": "harness-bench", "python": platform.python_version(),
+                         "host": socket.gethostname(), "workers": workers, "clock": "time.monotonic_ns",
+                         "percentiles": "linear interpolation (numpy default)"},
+              "levels": [], "requests": []}
+    for c in concurrency:
+        count = requests if requests is not None or duration is not None else max(2 * c, 16)
+        outcomes = _run_level(target, c, count, warmup, duration, timeout, workers)
+        level, records = summarize_level(c, outcomes)
+        result["levels"].append(level)
+        result["requests"] += records
+        if result["prompt_tokens"] is None:
+            result["prompt_tokens"] = next((o.prompt_tokens for o in outcomes if o.prompt_tokens), None)
+        if progress:
+            progress(level)
+    return result
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_results(result: dict, out_path) -> None:
+    """bench.json at `out_path` (without the per-request lines) and requests.jsonl beside it."""
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out, json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2) + "\n")
+    _write_atomic(out.with_name("requests.jsonl"), "".join(json.dumps(r) + "\n" for r in result["requests"]))
+
+
+def format_level(level: dict) -> str:
+    def f(v: Optional[float]) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    decode = level["decode"]
+    line = (f"concurrency {level['concurrency']}: {level['completed']}/{level['requests']} completed, "
+            f"{f(level['output_tok_s'])} tok/s, TTFT p50 {f(level['ttft_ms']['p50'])} ms, "
+            f"ITL p50 {f(level['itl_ms']['p50'])} p99 {f(level['itl_ms']['p99'])} ms, "
+            f"TPOT p50 {f(level['tpot_ms']['p50'])} ms, "
+            f"decode {f(decode and decode['per_user_tok_s'])} tok/s/user")
+    if level["usage_missing"]:
+        line += f"\n  {level['usage_missing']} responses had no usage: tokens counted from chunks"
+    for e in level["errors"][:3]:
+        line += f"\n  {e['count']} failed: {e['error']}"
+    return line
+
+
+def _positive_ints(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,8,32, got {text!r}")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench.py",
+                                description="Decode benchmark of an OpenAI-compatible server.")
+    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:30000")
+    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--api", choices=sorted(APIS), default="completions")
+    p.add_argument("--concurrency", type=_positive_ints, default=[1], help="levels, e.g. 1,8,32 (default 1)")
+    p.add_argument("--requests", type=int,
+                   help="measured requests per level (default max(2 x concurrency, 16))")
+    p.add_argument("--duration", type=float, help="seconds per level instead of a request count")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before each level (default 1)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-tokens", type=int,
+                     help=f"a synthetic prompt of N words (default {DEFAULT_PROMPT_WORDS})")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per request")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes to split each level's streams over (default 1; raise it only beyond "
+                        "~20,000 chunks/s and where cores are free beside the server's)")
+    p.add_argument("--out", default="bench.json", help="bench.json path; requests.jsonl goes beside it")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        result = run_benchmark(
+            args.url, args.model, concurrency=args.concurrency, requests=args.requests, warmup=args.warmup,
+            max_tokens=args.max_tokens, prompt=args.prompt, prompt_tokens=args.prompt_tokens, api=args.api,
+            ignore_eos=args.ignore_eos, timeout=args.timeout, duration=args.duration, workers=args.workers,
+            progress=lambda level: print(format_level(level), file=sys.stderr, flush=True))
+    except ValueError as e:
+        print(f"bench.py: error: {e}", file=sys.stderr)
+        return 2
+    write_results(result, args.out)
+    if not any(level["completed"] for level in result["levels"]):
+        errors = Counter(r["error"] for r in result["requests"] if r["error"])
+        why = errors.most_common(1)[0][0] if errors else "no request was sent"
+        print(f"bench.py: no request completed at any level against {args.url} (most common error: {why})",
+              file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

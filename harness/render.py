@@ -1,0 +1,113 @@
+"""Rendering launch scripts: one Jinja environment, strict about undefined names, quoting everything.
+
+Filters:
+  shquote  a value as one shell word (`shlex.quote`); every value that reaches a shell goes through it
+  flags    an args mapping as command-line flags: true = bare flag, false/null = omitted,
+           list = the flag repeated, mapping = JSON; names without a leading dash get `--`
+String values in args and env are themselves templates (`"{{ run.profile_dir }}"`), rendered first with
+the same context, so a typo there fails before any host is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from harness.errors import InputError
+
+
+def shquote(value: Any) -> str:
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    elif isinstance(value, (dict, list)):
+        value = json.dumps(value, separators=(",", ":"))
+    return shlex.quote(str(value))
+
+
+def flag_name(name: str) -> str:
+    return name if name.startswith("-") else f"--{name}"
+
+
+def flag_pairs(args: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """(flag, value) pairs for an args mapping; value None for a bare flag."""
+    pairs: list[tuple[str, str | None]] = []
+    for name, value in args.items():
+        if value is None or value is False:
+            continue
+        flag = flag_name(name)
+        if value is True:
+            pairs.append((flag, None))
+        else:
+            pairs += [(flag, _word(item)) for item in (value if isinstance(value, list) else [value])]
+    return pairs
+
+
+def flags(args: Mapping[str, Any]) -> str:
+    # flag names are validated when the playbook loads (letters, digits, '-', '_', '.'): only values need quoting
+    return " ".join(flag if value is None else f"{flag} {shlex.quote(value)}" for flag, value in flag_pairs(args))
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def environment(template_dir: Path | None = None) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)) if template_dir else None,
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
+        trim_blocks=True, lstrip_blocks=True)
+    env.filters["shquote"] = shquote
+    env.filters["flags"] = flags
+    env.filters["tojson"] = lambda v: json.dumps(v)
+    return env
+
+
+_STRINGS = environment()
+
+
+def render_string(text: str, context: Mapping[str, Any], *, where: str, file: str | None = None,
+                  line: int | None = None) -> str:
+    """Render a template-valued setting; an undefined name is an InputError naming the key."""
+    if "{{" not in text and "{%" not in text:
+        return text
+    try:
+        return _STRINGS.from_string(text).render(context)
+    except jinja2.UndefinedError as e:
+        raise InputError(f"undefined template variable: {e.message}", file=file, key=where, line=line) from None
+    except jinja2.TemplateError as e:
+        raise InputError(f"template error: {e}", file=file, key=where, line=line) from None
+
+
+def render_template(path: Path, context: Mapping[str, Any]) -> str:
+    try:
+        source = path.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read the launch template: {e.strerror}", file=str(path)) from None
+    try:
+        return environment(path.parent).from_string(source).render(context)
+    except jinja2.UndefinedError as e:
+        raise InputError(f"undefined template variable: {e.message}", file=str(path),
+                         line=_template_line(e)) from None
+    except jinja2.TemplateSyntaxError as e:
+        raise InputError(f"template syntax error: {e.message}", file=str(path), line=e.lineno) from None
+    except jinja2.TemplateError as e:
+        raise InputError(f"template error: {e}", file=str(path)) from None
+
+
+def _template_line(exc: BaseException) -> int | None:
+    tb = exc.__traceback__
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line

@@ -1,0 +1,30 @@
+"""`python -m harness.sim sglang|vllm ARGS`: see harness.sim."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+from harness.sim import flags, knobs
+from harness.sim.server import serve
+
+USAGE = "usage: python -m harness.sim {sglang,vllm} ARGS...\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ("sglang", "vllm"):
+        sys.stderr.write(USAGE + "error: the first argument names the engine: sglang or vllm\n")
+        return 2
+    engine = argv[0]
+    ns = flags.parse(engine, argv[1:])
+    try:
+        settings = knobs.from_env()
+    except knobs.KnobError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    return serve(engine, ns, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

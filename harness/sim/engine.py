@@ -1,0 +1,300 @@
+"""Continuous batching and the OpenAI stream format.
+
+The scheduler advances every running request one token per tick, like a real engine's decode loop:
+a tick lasts `LatencyModel.itl_ms(batch)` (or `prefill_ms` when new requests are admitted, which
+stalls the running ones, as a prefill batch does), and each tick is one "forward step" for the
+profiler. Chunks are pre-encoded per request (a fixed JSON prefix and suffix around the text) and
+written straight to the sockets from the tick, so 256 streams cost one loop pass, not 256 wake-ups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Optional
+
+from harness.sim import http
+from harness.sim.model import LatencyModel
+
+VOCAB = tuple(w.encode() for w in (
+    " The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ",", " and", " then",
+    " it", " runs", " far", " away", " into", " a", " quiet", " forest", ".", " Every", " morning", " sun",
+    " rises", " again", " over", " green", " hills", " while", " birds", " sing"))
+_WORDS = re.compile(r"\w+|[^\w\s]")
+_PLACEHOLDER = "\x00"
+DONE = b"data: [DONE]\n\n"
+
+StepHook = Callable[[int, bool], Awaitable[None]]
+
+
+def count_tokens(text: str) -> int:
+    """A stand-in tokenizer: words and punctuation marks (close to BPE counts for English)."""
+    return len(_WORDS.findall(text))
+
+
+class EmitLog:
+    """Token emission times, buffered in memory so that logging does not disturb the timing."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.rows: List[tuple] = []
+        open(path, "w").close()
+
+    def record(self, request: str, first: int, count: int, t_ns: int) -> None:
+        self.rows.append((request, first, count, t_ns))
+
+    def flush(self) -> None:
+        rows, self.rows = self.rows, []
+        if not rows:
+            return
+        with open(self.path, "a") as f:
+            f.write("".join('{"request": "%s", "token": %d, "t_ns": %d}\n' % (r, first + i, t)
+                            for r, first, n, t in rows for i in range(n)))
+
+
+@dataclass
+class Generation:
+    """One request in flight: its limits, its socket and its pre-encoded chunk frame."""
+
+    id: str
+    engine: str
+    model: str
+    chat: bool
+    stream: bool
+    prompt_tokens: int
+    max_tokens: int
+    include_usage: bool
+    writer: asyncio.StreamWriter
+    done: "asyncio.Future[None]"
+    tokens: int = 0
+    pending: List[bytes] = field(default_factory=list)
+    text: List[bytes] = field(default_factory=list)
+    finish_reason: str = "length"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.prefix, self.suffix = self._frame(_PLACEHOLDER, None).split(b'"\\u0000"')
+
+    def _choice(self, text: Optional[str], finish: Optional[str]) -> Dict[str, Any]:
+        choice: Dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["delta"] = {} if text is None else {"content": text}
+        else:
+            choice["text"] = "" if text is None else text
+        choice.update(logprobs=None, finish_reason=finish)
+        if self.engine == "sglang":
+            choice["matched_stop"] = None
+        else:
+            choice["stop_reason"] = None
+        return choice
+
+    def _frame(self, text: Optional[str], finish: Optional[str]) -> bytes:
+        return self._event([self._choice(text, finish)])
+
+    def _event(self, choices: List[Dict[str, Any]], usage: Optional[Dict[str, int]] = None) -> bytes:
+        obj: Dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                               "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None or self.engine == "sglang":
+            obj["usage"] = usage
+        return json.dumps(obj).encode()
+
+    def usage(self) -> Dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.tokens,
+                "total_tokens": self.prompt_tokens + self.tokens}
+
+    def role_chunk(self) -> bytes:
+        c = self._choice(None, None)
+        c["delta"] = {"role": "assistant", "content": ""}
+        return http.chunk(b"data: " + self._event([c]) + b"\n\n")
+
+    def text_chunk(self, words: bytes, finish: Optional[str] = None) -> bytes:
+        body = (self.prefix + b'"' + words + b'"' + self.suffix if finish is None
+                else self._frame(words.decode(), finish))
+        return http.chunk(b"data: " + body + b"\n\n")
+
+    def closing(self) -> bytes:
+        """What follows the last token: SGLang's empty finishing chunk, the usage chunk, [DONE]."""
+        out = b""
+        if self.engine == "sglang":
+            out += self.text_chunk(b"", self.finish_reason)
+        if self.include_usage:
+            out += http.chunk(b"data: " + self._event([], self.usage()) + b"\n\n")
+        return out + http.chunk(DONE) + http.LAST_CHUNK
+
+    def body(self) -> bytes:
+        """The non-streaming answer."""
+        text = b"".join(self.text).decode()
+        choice: Dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice.update(logprobs=None, finish_reason=self.finish_reason)
+        obj = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+               "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage()}
+        return json.dumps(obj).encode()
+
+
+def new_generation(engine: str, model: str, chat: bool, body: Dict[str, Any],
+                   writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> Generation:
+    """A Generation from an OpenAI request body; raises ValueError on a malformed one."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("'messages' must be a non-empty list")
+        prompt = 0
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            prompt += 4 + count_tokens(content if isinstance(content, str) else json.dumps(content))
+        default_max = 4096
+    else:
+        p = body.get("prompt")
+        if isinstance(p, str):
+            prompt = count_tokens(p)
+        elif isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+            prompt = len(p)
+        elif isinstance(p, list) and p and isinstance(p[0], str):
+            prompt = count_tokens(p[0])
+        else:
+            raise ValueError("'prompt' must be a string or a list of token ids")
+        default_max = 16
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError("'max_tokens' must be a positive integer")
+    options = body.get("stream_options") or {}
+    gid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    g = Generation(id=gid, engine=engine, model=model, chat=chat, stream=bool(body.get("stream")),
+                   prompt_tokens=max(1, prompt), max_tokens=max_tokens,
+                   include_usage=bool(options.get("include_usage")), writer=writer, done=loop.create_future())
+    if not body.get("ignore_eos"):
+        # Without ignore_eos the simulated model ends its answer by itself, as a real one does.
+        natural = 64 + zlib.crc32(json.dumps(body.get("messages") or body.get("prompt")).encode()) % 192
+        if natural < g.max_tokens:
+            g.max_tokens, g.finish_reason = natural, "stop"
+    return g
+
+
+class Scheduler:
+    """The engine's decode loop: admits waiting requests with a prefill tick, then decodes in ticks."""
+
+    def __init__(self, model: LatencyModel, *, engine: str, time_scale: float, stream_interval: int,
+                 max_running: Optional[int], emit: Optional[EmitLog], log: Callable[[str], None],
+                 log_interval: int = 40):
+        self.model, self.engine, self.scale = model, engine, time_scale
+        self.interval = max(1, stream_interval)
+        self.max_running = max_running
+        self.emit, self.log, self.log_interval = emit, log, max(1, log_interval)
+        self.hooks: List[StepHook] = []
+        self.waiting: List[Generation] = []
+        self.running: List[Generation] = []
+        self.wake = asyncio.Event()
+        self.frozen = asyncio.Event()
+        self.prompt_tokens_total = self.generation_tokens_total = self.decode_steps = 0
+
+    def submit(self, g: Generation) -> None:
+        if g.stream and g.chat and self.engine == "vllm":
+            g.writer.write(g.role_chunk())  # vLLM answers the role at once; SGLang with the first token
+        self.waiting.append(g)
+        self.wake.set()
+
+    def freeze(self) -> None:
+        """Stop ticking for good (the hang fault): streams in flight stall where they are."""
+        self.frozen.set()
+        self.wake.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        window_start, window_tokens = loop.time(), 0
+        while True:
+            if not (self.waiting or self.running) and not self.frozen.is_set():
+                self.wake.clear()
+                await self.wake.wait()
+                deadline = loop.time()
+            if self.frozen.is_set():
+                await asyncio.Event().wait()
+            room = len(self.waiting) if self.max_running is None else self.max_running - len(self.running)
+            admitted, self.waiting = self.waiting[:max(0, room)], self.waiting[max(0, room):]
+            if admitted:
+                new_tokens = sum(g.prompt_tokens for g in admitted)
+                step_ms, batch = self.model.prefill_ms(new_tokens), admitted
+            else:
+                step_ms, batch = self.model.itl_ms(len(self.running)), self.running
+            # Absolute deadlines keep the average tick exact; after a stall, start afresh.
+            deadline = max(deadline + step_ms * self.scale / 1000, loop.time() - step_ms * self.scale / 1000)
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            if self.frozen.is_set():
+                continue
+            if admitted:
+                self.prompt_tokens_total += new_tokens
+                self.running.extend(admitted)
+                if self.engine == "sglang":
+                    self.log(f"Prefill batch. #new-seq: {len(admitted)}, #new-token: {new_tokens}, #cached-token: 0, "
+                             f"token usage: 0.00, #running-req: {len(self.running) - len(admitted)}, "
+                             f"#queue-req: {len(self.waiting)},")
+            else:
+                self.decode_steps += 1
+            self._advance(batch)
+            window_tokens += len(batch)
+            if not admitted and self.decode_steps % self.log_interval == 0:
+                now = loop.time()
+                self._log_decode(window_tokens / max(now - window_start, 1e-9) * self.scale)
+                window_start, window_tokens = now, 0
+            for hook in self.hooks:
+                await hook(len(batch), bool(admitted))
+
+    def _log_decode(self, throughput: float) -> None:
+        running = len(self.running)
+        if self.engine == "sglang":
+            self.log(f"Decode batch. #running-req: {running}, #token: {running * 64}, token usage: 0.00, "
+                     f"cuda graph: {self.model.config.cuda_graphs}, gen throughput (token/s): {throughput:.2f}, "
+                     f"#queue-req: {len(self.waiting)},")
+        else:
+            self.log(f"Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+                     f"{throughput:.1f} tokens/s, Running: {running} reqs, Waiting: {len(self.waiting)} reqs, "
+                     "GPU KV cache usage: 0.1%, Prefix cache hit rate: 0.0%")
+
+    def _advance(self, batch: List[Generation]) -> None:
+        """One token for every request of the batch; send the chunks that are due."""
+        finished = False
+        for g in batch:
+            if g.writer.is_closing():  # the client went away: abort, as the engines do
+                g.tokens = g.max_tokens
+                g.finish_reason = "abort"
+                finished = True
+                if not g.done.done():
+                    g.done.set_result(None)
+                continue
+            word = VOCAB[(g.tokens + len(g.id)) % len(VOCAB)]
+            g.tokens += 1
+            self.generation_tokens_total += 1
+            last = g.tokens >= g.max_tokens
+            if not g.stream:
+                g.text.append(word)
+            else:
+                g.pending.append(word)
+                if g.tokens == 1 or len(g.pending) >= self.interval or last:
+                    self._send(g, last)
+            if last:
+                finished = True
+                if g.stream:
+                    g.writer.write(g.closing())
+                g.done.set_result(None)
+        if finished:
+            self.running = [g for g in self.running if not g.done.done()]
+
+    def _send(self, g: Generation, last: bool) -> None:
+        data = b""
+        if g.tokens == len(g.pending) and g.chat and self.engine == "sglang":
+            data = g.role_chunk()
+        words, n = b"".join(g.pending), len(g.pending)
+        g.pending.clear()
+        data += g.text_chunk(words, g.finish_reason if last and self.engine == "vllm" else None)
+        g.writer.write(data)
+        if self.emit is not None:
+            self.emit.record(g.id, g.tokens - n, n, time.monotonic_ns())

@@ -1,0 +1,395 @@
+"""The simulated engine's process: startup phases, HTTP routes, faults, logging and shutdown.
+
+Phases, as the real engines go through them: "loading" (port closed: connection refused) for
+HARNESS_SIM_STARTUP_S, then SGLang answers 503 on /health while "starting" (its warm-up generation)
+for half as long again and prints "The server is fired up and ready to roll!"; vLLM is up as soon as
+it listens. Multi-node SGLang ranks >= 1 serve only a dummy health endpoint that always says 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import sysconfig
+import time
+from argparse import Namespace
+from typing import Any, Dict, Tuple, Union
+
+from harness.sim import flags, http
+from harness.sim.engine import EmitLog, Scheduler, new_generation
+from harness.sim.knobs import Knobs
+from harness.sim.model import LatencyModel
+from harness.sim.profiler import SglangProfiler, VllmProfiler, sglang_rank_names, vllm_worker_names
+
+Profiler = Union[SglangProfiler, VllmProfiler]
+NOT_FOUND = {"detail": "Not Found"}
+
+
+class Log:
+    """Lines in the engine's own format on stderr (the harness redirects it to server.log)."""
+
+    def __init__(self, engine: str):
+        self.engine = engine
+
+    def __call__(self, msg: str, source: str = "api_server.py:1870", rank: bool = False) -> None:
+        now = time.localtime()
+        if self.engine == "sglang":
+            head = time.strftime("[%Y-%m-%d %H:%M:%S", now) + (" TP0] " if rank else "] ")
+        else:
+            head = time.strftime("INFO %m-%d %H:%M:%S ", now) + f"[{source}] "
+        sys.stderr.write(head + msg + "\n")
+
+    def uvicorn(self, msg: str) -> None:
+        """uvicorn's own lines, which SGLang's logging setup also stamps with the time."""
+        stamp = time.strftime("[%Y-%m-%d %H:%M:%S] ") if self.engine == "sglang" else ""
+        sys.stderr.write(f"{stamp}INFO:     {msg}\n")
+
+    def access(self, peer: Any, req: http.Request, status: int) -> None:
+        host, port = (peer[0], peer[1]) if isinstance(peer, tuple) else ("127.0.0.1", 0)
+        self.uvicorn(f'{host}:{port} - "{req.method} {req.path} HTTP/1.1" {status} {http.REASONS.get(status, "")}')
+
+
+class SimServer:
+    def __init__(self, engine: str, ns: Namespace, knobs: Knobs):
+        self.engine, self.ns, self.knobs = engine, ns, knobs
+        self.model = LatencyModel(flags.sim_config(engine, ns))
+        self.names = flags.served_names(engine, ns)
+        self.log = Log(engine)
+        self.state = "loading"
+        self.completed = 0
+        self.hung = asyncio.Event()
+        self.emit = EmitLog(knobs.emit_log) if knobs.emit_log else None
+        cfg = self.model.config
+        self.scheduler = Scheduler(
+            self.model, engine=engine, time_scale=knobs.time_scale, stream_interval=ns.stream_interval,
+            max_running=ns.max_running_requests if engine == "sglang" else ns.max_num_seqs, emit=self.emit,
+            log=lambda m: self.log(m, "loggers.py:248", rank=True),
+            log_interval=ns.decode_log_interval if engine == "sglang" else 400)
+        fail = knobs.faults.profile_500
+        self.profiler: Profiler
+        if engine == "sglang":
+            self.profiler = SglangProfiler(
+                model=self.model, world_size=cfg.tp * cfg.pp, trace_mb=knobs.trace_mb, fail=fail,
+                ranks=sglang_rank_names(tp=cfg.tp, dp=cfg.dp, pp=cfg.pp, ep=cfg.ep, nnodes=ns.nnodes,
+                                        node_rank=ns.node_rank),
+                log=lambda m: self.log(m, rank=True))
+        else:
+            self.profiler = VllmProfiler(
+                config=ns.profiler_config, model=self.model, world_size=cfg.tp * cfg.pp * cfg.dp,
+                trace_mb=knobs.trace_mb, fail=fail,
+                workers=vllm_worker_names(tp=cfg.tp, dp=cfg.dp, pp=cfg.pp, expert_parallel=ns.enable_expert_parallel,
+                                          nnodes=ns.nnodes, node_rank=ns.node_rank),
+                log=lambda m: self.log(m, "gpu_worker.py:412"))
+        self.scheduler.hooks.append(self.profiler.on_step)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+        assert main is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, main.cancel)
+        server = None
+        tasks = []
+        try:
+            self._log_args()
+            if self.knobs.faults.oom_at_start:
+                await asyncio.sleep(self.knobs.startup_s / 2)
+                self._log_oom()
+                return 1
+            await asyncio.sleep(self.knobs.startup_s)
+            self._log_loaded()
+            dummy = self.engine == "sglang" and self.ns.node_rank > 0
+            handler = self._dummy_health if dummy else self._connection
+            try:
+                server = await asyncio.start_server(handler, self.ns.host or None, self.ns.port,
+                                                    limit=1 << 20, backlog=1024)
+            except OSError as e:
+                self.log(f"ERROR: [Errno {e.errno}] error while attempting to bind on address "
+                         f"('{self.ns.host}', {self.ns.port}): {e.strerror}")
+                return 1
+            self._log_listening()
+            tasks = [asyncio.create_task(self.scheduler.run())]
+            if self.emit is not None:
+                tasks.append(asyncio.create_task(self._flush_emit_log()))
+            if not dummy:
+                await self._warm_up()
+            await tasks[0]  # the decode loop runs until shutdown; a crash in it ends the process
+        except asyncio.CancelledError:
+            self.log("Shutting down", rank=False)
+            return 0
+        finally:
+            for t in tasks:
+                t.cancel()
+            if server is not None:
+                server.close()
+            if self.emit is not None:
+                self.emit.flush()
+        return 0
+
+    async def _warm_up(self) -> None:
+        if self.engine == "vllm":
+            self.state = "up" if not self.knobs.faults.never_healthy else "starting"
+            return
+        self.state = "starting"
+        if self.knobs.faults.never_healthy:
+            return  # the warm-up generation never returns
+        await asyncio.sleep(self.knobs.starting_s)
+        self.log.uvicorn('127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
+        self.state = "up"
+        self.log("The server is fired up and ready to roll!")
+
+    async def _flush_emit_log(self) -> None:
+        assert self.emit is not None
+        while True:
+            await asyncio.sleep(1.0)
+            self.emit.flush()
+
+    def _on_completed(self) -> None:
+        self.completed += 1
+        faults = self.knobs.faults
+        if faults.crash_after is not None and self.completed >= faults.crash_after:
+            error = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+            if self.engine == "sglang":
+                self.log("Scheduler hit an exception: Traceback (most recent call last):\n"
+                         f'  File "{_site()}/sglang/srt/managers/scheduler.py", line 1021, in event_loop_overlap\n'
+                         f"    self.process_batch_result(tmp_batch, tmp_result)\n{error}", rank=True)
+            else:
+                self.log(f"EngineCore encountered a fatal error.\n{error}", "core.py:854")
+            if self.emit is not None:
+                self.emit.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        if faults.hang_after is not None and self.completed >= faults.hang_after:
+            self.hung.set()
+            self.scheduler.freeze()
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    async def _dummy_health(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await http.read_request(reader) is not None:
+                writer.write(http.response(200))
+        except (http.BadRequest, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            while True:
+                if self.hung.is_set():
+                    await asyncio.Event().wait()
+                try:
+                    req = await http.read_request(reader)
+                except (http.BadRequest, asyncio.IncompleteReadError):
+                    writer.write(http.json_response(400, {"detail": "Bad Request"}, keep_alive=False))
+                    break
+                if req is None:
+                    break
+                if self.hung.is_set():
+                    await asyncio.Event().wait()
+                status, keep = await self._dispatch(req, writer)
+                self.log.access(peer, req, status)
+                await writer.drain()
+                if status == 200 and req.path in ("/v1/completions", "/v1/chat/completions"):
+                    self._on_completed()
+                if not keep:
+                    break
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _dispatch(self, req: http.Request, writer: asyncio.StreamWriter) -> Tuple[int, bool]:
+        """Answer one request; return its status and whether the connection stays open."""
+        keep = req.keep_alive
+        route = (req.method, req.path)
+        sglang = self.engine == "sglang"
+        if req.path in ("/v1/completions", "/v1/chat/completions"):
+            if req.method != "POST":
+                return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
+            return await self._generate(req, writer, chat=req.path.endswith("chat/completions"))
+        if req.path in ("/start_profile", "/stop_profile") and (sglang or self.profiler.enabled):
+            if req.method not in (("GET", "POST") if sglang else ("POST",)):
+                return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
+            status, text = await self._profile(req)
+            writer.write(http.text_response(status, text, keep))
+            return status, keep
+        if req.method not in ("GET", "POST"):
+            return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
+        health = ("/health", "/health_generate") if sglang else ("/health", "/ping")
+        if req.path in health and (req.method == "GET" or req.path == "/ping"):
+            status = 200 if self.state == "up" else 503
+            writer.write(http.response(status, b"", keep_alive=keep))
+            return status, keep
+        if route == ("GET", "/v1/models"):
+            return self._send(writer, 200, self._models(), keep)
+        if route == ("GET", "/metrics") and (not sglang or self.ns.enable_metrics):
+            writer.write(http.response(200, self._metrics().encode(), "text/plain; version=0.0.4", keep))
+            return 200, keep
+        if sglang and route in (("GET", "/server_info"), ("GET", "/get_server_info")):
+            info = dict(vars(self.ns))
+            info.update(version=flags.SGLANG_VERSION, status="Up" if self.state == "up" else "Starting",
+                        internal_states=[{"last_gen_throughput": 0.0, "avg_spec_accept_length": None}])
+            return self._send(writer, 200, info, keep)
+        if sglang and route in (("GET", "/model_info"), ("GET", "/get_model_info")):
+            return self._send(writer, 200, {"model_path": self.ns.model_path,
+                                            "tokenizer_path": self.ns.tokenizer_path or self.ns.model_path,
+                                            "is_generation": True, "preferred_sampling_params": None,
+                                            "weight_version": "default", "has_image_understanding": False,
+                                            "has_audio_understanding": False}, keep)
+        if not sglang and route == ("GET", "/version"):
+            return self._send(writer, 200, {"version": flags.VLLM_VERSION}, keep)
+        return self._send(writer, 404, NOT_FOUND, keep)
+
+    def _send(self, writer: asyncio.StreamWriter, status: int, value: Any, keep: bool) -> Tuple[int, bool]:
+        writer.write(http.json_response(status, value, keep))
+        return status, keep
+
+    async def _profile(self, req: http.Request) -> Tuple[int, str]:
+        start = req.path == "/start_profile"
+        if isinstance(self.profiler, VllmProfiler):
+            return await (self.profiler.start() if start else self.profiler.stop())
+        if not start:
+            return await self.profiler.stop()
+        try:
+            body = req.json()
+        except ValueError:
+            return 400, "invalid JSON body"
+        return await self.profiler.start(body if isinstance(body, dict) else {})
+
+    async def _generate(self, req: http.Request, writer: asyncio.StreamWriter, chat: bool) -> Tuple[int, bool]:
+        keep = req.keep_alive
+        if self.state != "up":
+            return self._send(writer, 503, {"object": "error", "message": "The server is not ready yet.",
+                                            "type": "ServiceUnavailableError", "code": 503}, keep)
+        try:
+            body = req.json()
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            model = body.get("model") or self.names[0]
+            if self.engine == "vllm" and model not in self.names:
+                return self._send(writer, 404, {"error": {"message": f"The model `{model}` does not exist.",
+                                                          "type": "NotFoundError", "param": "model", "code": 404}},
+                                  keep)
+            g = new_generation(self.engine, model, chat, body, writer, asyncio.get_running_loop())
+        except (ValueError, AttributeError, TypeError) as e:
+            return self._send(writer, 400, {"object": "error", "message": str(e), "type": "BadRequestError",
+                                            "param": None, "code": 400}, keep)
+        if g.stream:
+            writer.write(http.stream_head(keep))
+        self.scheduler.submit(g)
+        await g.done
+        if not g.stream:
+            writer.write(http.response(200, g.body(), keep_alive=keep))
+        return 200, keep and g.finish_reason != "abort"
+
+    def _models(self) -> Dict[str, Any]:
+        owner = "sglang" if self.engine == "sglang" else "vllm"
+        root = flags.model_path(self.engine, self.ns)
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()), "owned_by": owner,
+                                            "root": root, "max_model_len": self._context_length()}
+                                           for n in self.names]}
+
+    def _context_length(self) -> int:
+        value = self.ns.context_length if self.engine == "sglang" else self.ns.max_model_len
+        return value or 202752
+
+    def _metrics(self) -> str:
+        s, name = self.scheduler, self.names[0]
+        if self.engine == "sglang":
+            label = f'{{model_name="{name}"}}'
+            rows = [("sglang:num_running_reqs", "gauge", len(s.running)),
+                    ("sglang:num_queue_reqs", "gauge", len(s.waiting)),
+                    ("sglang:prompt_tokens_total", "counter", s.prompt_tokens_total),
+                    ("sglang:generation_tokens_total", "counter", s.generation_tokens_total),
+                    ("sglang:num_requests_total", "counter", self.completed)]
+        else:
+            label = f'{{engine="0",model_name="{name}"}}'
+            rows = [("vllm:num_requests_running", "gauge", len(s.running)),
+                    ("vllm:num_requests_waiting", "gauge", len(s.waiting)),
+                    ("vllm:prompt_tokens_total", "counter", s.prompt_tokens_total),
+                    ("vllm:generation_tokens_total", "counter", s.generation_tokens_total),
+                    ("vllm:request_success_total", "counter", self.completed)]
+        return "".join(f"# TYPE {n} {kind}\n{n}{label} {float(v)}\n" for n, kind, v in rows)
+
+    # ---- log lines -------------------------------------------------------------------------
+
+    def _log_args(self) -> None:
+        if self.engine == "sglang":
+            args = ", ".join(f"{k}={v!r}" for k, v in vars(self.ns).items())
+            self.log(f"server_args=ServerArgs({args})")
+            self.log("Init torch distributed begin.", rank=True)
+            self.log("Load weight begin. avail mem=94.43 GB", rank=True)
+        else:
+            defaults = vars(flags.vllm_parser().parse_args([]))
+            changed = {k: v for k, v in vars(self.ns).items() if k in defaults and defaults[k] != v}
+            self.log(f"vLLM API server version {flags.VLLM_VERSION}", "api_server.py:1885")
+            self.log(f"non-default args: {changed}", "utils.py:253")
+            self.log(f"Starting to load model {self.ns.model}...", "gpu_model_runner.py:2602")
+
+    def _log_loaded(self) -> None:
+        graphs = self.model.config.cuda_graphs
+        if self.engine == "sglang":
+            self.log("Load weight end. type=GlmMoeDsaForCausalLM, dtype=torch.bfloat16, avail mem=43.05 GB, "
+                     "mem usage=51.38 GB.", rank=True)
+            self.log(f"KV Cache is allocated. #tokens: 495616, KV size: 29.13 GB ({self.ns.kv_cache_dtype})",
+                     rank=True)
+            if graphs:
+                self.log("Capture cuda graph begin. This can take up to several minutes. avail mem=13.20 GB", rank=True)
+                self.log("Capture cuda graph end. Time elapsed: 12.34 s. mem usage=1.20 GiB. avail mem=12.00 GB.",
+                         rank=True)
+        else:
+            self.log(f"Loading weights took {self.knobs.startup_s:.2f} seconds", "default_loader.py:267")
+            self.log("GPU KV cache size: 495,616 tokens", "kv_cache_utils.py:1087")
+            if graphs:
+                self.log("Graph capturing finished in 12 secs, took 1.20 GiB", "gpu_model_runner.py:3480")
+
+    def _log_listening(self) -> None:
+        host = self.ns.host or "0.0.0.0"
+        if self.engine == "vllm":
+            self.log(f"Starting vLLM API server 0 on http://{host}:{self.ns.port}", "api_server.py:1634")
+        for line in (f"Started server process [{os.getpid()}]", "Waiting for application startup.",
+                     "Application startup complete."):
+            self.log.uvicorn(line)
+        if self.engine == "sglang":
+            self.log.uvicorn(f"Uvicorn running on http://{host}:{self.ns.port} (Press CTRL+C to quit)")
+
+    def _log_oom(self) -> None:
+        runner = f"{_site()}/{'sglang/srt/model_executor' if self.engine == 'sglang' else 'vllm/v1/worker'}"
+        lines = [
+            "Traceback (most recent call last):",
+            f'  File "{runner}/model_runner.py", line 853, in load_model',
+            "    self.model = get_model(",
+            f'  File "{_site()}/torch/nn/modules/module.py", line 1355, in to',
+            "    return self._apply(convert)",
+            f'  File "{_site()}/torch/nn/modules/module.py", line 1341, in convert',
+            "    return t.to(device, dtype if t.is_floating_point() or t.is_complex() else None, non_blocking)",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total capacity of "
+            "94.97 GiB of which 1.12 GiB is free. Including non-PyTorch memory, this process has 93.84 GiB memory in "
+            "use. Of the allocated memory 91.20 GiB is allocated by PyTorch, and 1.31 GiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+            "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        ]
+        if self.engine == "sglang":
+            self.log("Scheduler hit an exception: " + "\n".join(lines), rank=True)
+            self.log("Received sigquit from a child process. It usually means the child failed.")
+        else:
+            self.log("EngineCore failed to start.\n" + "\n".join(lines), "core.py:708")
+            sys.stderr.write("RuntimeError: Engine core initialization failed. See root cause above. "
+                             "Failed core proc(s): {}\n")
+
+
+def _site() -> str:
+    """Where the engine's package would live in this environment (tracebacks name real paths)."""
+    return sysconfig.get_paths()["purelib"]
+
+
+def serve(engine: str, ns: Namespace, knobs: Knobs) -> int:
+    return asyncio.run(SimServer(engine, ns, knobs).run())

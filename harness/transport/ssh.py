@@ -1,0 +1,328 @@
+"""The SSH transport: one verified connection per object, commands on raw exec channels.
+
+Built on fabric's `Connection` for what it does well (reading ~/.ssh/config: HostName, Port, User,
+IdentityFile, ProxyJump; gateways) and on paramiko channels for the rest, because the traps are in
+the layers between (RELIABILITY.md):
+
+- fabric accepts any host key (fabric #2071): each client loads the known_hosts file and rejects
+  unknown keys with the command that pins them; a changed key is refused and never retried.
+- keepalives do not notice a frozen peer (paramiko #2463) and `Channel.exec_command` waits for the
+  server's reply without a timeout: every wait here has a deadline, and a watchdog closes the
+  connection if a paramiko call is still blocked after it. The next call reconnects.
+- `Connection.run(timeout=...)` leaves the remote command running, and without a pty nothing is
+  signalled when a channel closes: each command runs under coreutils `timeout` (its own process
+  group, killed by the host itself a little after our deadline, even if we have lost the link),
+  prints that group's id first, and on our deadline we kill the group over a second channel.
+- files go up through the same exec channel (`cat > tmp && chmod && mv`), not SFTP: nothing to
+  share between threads (paramiko #718), works where the sftp subsystem is off, atomic, one round trip.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import posixpath
+import secrets
+import select
+import shlex
+import threading
+import time
+from pathlib import Path
+
+import paramiko
+from fabric import Config, Connection
+
+from harness.errors import AuthError, HostKeyError, RemoteError, UnreachableError
+from harness.transport.base import KILL_BUDGET_S, HostSpec, Tail, shell_path
+from harness.transport.process import ProcessTransport
+
+_CHUNK = 1 << 16
+# The host kills a command this long after our deadline if we could not (link lost, peer frozen).
+REMOTE_GRACE_S = 10
+KEEPALIVE_S = 30  # keeps NAT and firewalls from dropping an idle link; detects nothing (paramiko #2463)
+_LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
+# TERM the group, wait up to a second, then KILL. "Alive" skips zombies: in a container whose init
+# never reaps, the killed children stay zombies in the group for good.
+_KILL_GROUP = """
+alive() { for f in /proc/[0-9]*/stat; do read -r s < "$f" 2>/dev/null || continue; s=${s##*) }
+  set -- $s; [ "$3" = PGID ] && [ "$1" != Z ] && return 0; done; return 1; }
+kill -TERM -- -PGID 2>/dev/null || exit 0
+for i in $(seq 20); do alive || exit 0; sleep 0.05; done
+kill -KILL -- -PGID 2>/dev/null
+for i in $(seq 10); do alive || exit 0; sleep 0.05; done
+"""
+
+
+class SSHTransport(ProcessTransport):
+    """A connection to one host; reconnects on the next call after the link was dropped."""
+
+    compress_pulls = True
+
+    def __init__(self, host: HostSpec, *, ssh_config: str | Path | None = None):
+        """Connect now, so a bad host key or credential fails before any command is planned.
+
+        `ssh_config` replaces ~/.ssh/config and /etc/ssh/ssh_config (like `ssh -F`); the environment
+        variable HARNESS_SSH_CONFIG does the same for a whole sweep.
+        """
+        self.host = host
+        self._ssh_config = ssh_config or os.environ.get("HARNESS_SSH_CONFIG")
+        self._hops: list[Connection] = []  # jump hosts first, the target last
+        self._lock = threading.Lock()
+        self._session()
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def _session(self) -> paramiko.Transport:
+        """The open paramiko transport, connecting first if there is none (or it died)."""
+        with self._lock:
+            if self._hops and self._hops[-1].transport is not None and self._hops[-1].transport.is_active():
+                return self._hops[-1].transport
+        self.close()
+        host = self.host
+        config = Config(runtime_ssh_path=str(self._ssh_config)) if self._ssh_config else Config()
+        keys = {"key_filename": [_existing_key(host)]} if host.identity_file else {}
+        gateway = Connection(host.jump, config=config, connect_kwargs=dict(keys)) if host.jump else None
+        target = Connection(host.address or host.name, user=host.user, port=host.port, config=config,
+                            gateway=gateway, connect_kwargs=dict(keys))
+        hops = _chain(target)
+        try:
+            for before, conn in zip([None, *hops], hops):
+                self._hops.append(conn)  # first, so that close() also ends a half-open attempt
+                self._open(conn, via=before)
+        except BaseException:
+            self.close()
+            raise
+        return target.transport
+
+    def _open(self, conn: Connection, *, via: Connection | None) -> None:
+        timeout = self.host.connect_timeout
+        known_hosts = _known_hosts(self.host, conn)
+        try:
+            conn.client.load_host_keys(known_hosts)
+        except FileNotFoundError:
+            pass  # no file: every key is unknown, and refused with the command that pins it
+        conn.client.set_missing_host_key_policy(_RefuseUnknown(conn, known_hosts, self.host.name))
+        # fabric rounds connect_timeout to an int (0.5 -> no timeout at all): give paramiko floats.
+        conn.connect_timeout = None
+        conn.connect_kwargs = {**conn.connect_kwargs, "timeout": timeout, "banner_timeout": timeout,
+                               "auth_timeout": timeout, "channel_timeout": timeout}
+        where = f"{conn.host}:{conn.port}"
+        try:
+            if via is not None:
+                # Our own direct-tcpip channel, with the timeout fabric's open_gateway does not pass.
+                conn.connect_kwargs["sock"] = via.transport.open_channel(
+                    "direct-tcpip", (conn.host, int(conn.port)), ("", 0), timeout=timeout)
+                conn.gateway = None
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as e:
+            raise HostKeyError(
+                f"host key for {where} CHANGED: {known_hosts} has {e.expected_key.get_name()} "
+                f"{e.expected_key.fingerprint}, the host offered {e.key.get_name()} {e.key.fingerprint}. "
+                f"Refusing to connect. If the host was reinstalled, check the new key out of band, then: "
+                f"ssh-keygen -R {shlex.quote(_known_hosts_name(conn))} -f {shlex.quote(known_hosts)}",
+                host=self.host.name) from None
+        except paramiko.AuthenticationException as e:
+            raise AuthError(f"{conn.user}@{where} refused our credentials: {e}", host=self.host.name) from None
+        except paramiko.SSHException as e:
+            if "authentication methods" in str(e):  # paramiko's word for "no key to offer"
+                raise AuthError(f"{conn.user}@{where}: {e}", host=self.host.name) from None
+            raise UnreachableError(f"cannot connect to {where}: {e}", host=self.host.name) from None
+        except (OSError, EOFError) as e:
+            raise UnreachableError(f"cannot connect to {where}: {e or type(e).__name__}",
+                                   host=self.host.name) from None
+        conn.transport.set_keepalive(KEEPALIVE_S)
+
+    def close(self) -> None:
+        with self._lock:
+            hops, self._hops = self._hops, []
+        for conn in reversed(hops):
+            conn.client.close()  # not conn.close(): fabric skips a client whose connect() failed halfway
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> _ChannelProcess:
+        deadline = time.monotonic() + timeout
+        transport = self._session()
+        watchdog = threading.Timer(timeout + KILL_BUDGET_S + 1, self.close)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return _ChannelProcess(self, transport, command, stdin, deadline, watchdog)
+        except BaseException as e:
+            watchdog.cancel()
+            if isinstance(e, TimeoutError):
+                self.close()  # the host did not even open a channel in time: the link is dead
+            raise
+
+    def put(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
+        path = shell_path(remote_path)
+        tmp = shell_path(f"{remote_path}.tmp-{secrets.token_hex(4)}")
+        parent = shell_path(posixpath.dirname(remote_path) or ".")
+        # umask 077 makes the temporary file 0600 from birth: a secret is never readable by others.
+        command = (f"mkdir -p {parent} && (umask 077 && cat > {tmp}) && chmod {mode:o} {tmp} "
+                   f"&& mv -f {tmp} {path} || {{ rc=$?; rm -f {tmp}; exit $rc; }}")
+        self.run(command, stdin=data, timeout=30 + len(data) / 1e6)
+
+
+class _ChannelProcess:
+    """A command on an exec channel: stdout as a stream, stderr kept aside, stdin fed as it drains."""
+
+    def __init__(self, owner: SSHTransport, transport: paramiko.Transport, command: str,
+                 stdin: bytes | None, deadline: float, watchdog: threading.Timer):
+        self._owner, self._transport, self._watchdog = owner, transport, watchdog
+        self._err = Tail()
+        self._head: bytes | None = b""  # stdout until its first newline, the process group id; then None
+        self._pgid: int | None = None
+        self._stdin = memoryview(stdin) if stdin is not None else None
+        try:
+            self._chan = transport.open_session(timeout=max(deadline - time.monotonic(), 0.01))
+            self._chan.exec_command(_wrap(command, deadline - time.monotonic()))
+            if self._stdin is None:
+                self._chan.shutdown_write()
+        except _LINK_ERRORS as e:
+            raise _lost(e, deadline, owner.host.name) from None
+
+    def read(self, deadline: float) -> bytes:
+        chan = self._chan
+        while True:
+            ended = chan.eof_received or chan.closed  # sampled first: then every byte is buffered
+            try:
+                if chan.recv_stderr_ready():
+                    self._err.feed(chan.recv_stderr(_CHUNK))
+                    continue
+                if chan.recv_ready():
+                    if data := self._strip_pgid(chan.recv(_CHUNK)):
+                        return data
+                    continue
+                if ended:
+                    return b""
+                self._feed_stdin()
+            except _LINK_ERRORS as e:
+                raise _lost(e, deadline, self._owner.host.name) from None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            # While stdin waits for window space, poll for it; otherwise sleep until data or EOF.
+            select.select([chan], [], [], min(remaining, 0.05) if self._stdin is not None else remaining)
+
+    def _strip_pgid(self, data: bytes) -> bytes:
+        if self._head is None:
+            return data
+        line, newline, rest = (self._head + data).partition(b"\n")
+        if not newline:
+            self._head = line
+            return b""
+        self._head = None
+        # Not a number when a login script printed first: then the group cannot be killed by id.
+        self._pgid = int(line) if line.isdigit() else None
+        return rest
+
+    def _feed_stdin(self) -> None:
+        while self._stdin is not None and self._chan.send_ready():  # send_ready: window space, no block
+            try:
+                sent = self._chan.send(bytes(self._stdin[:_CHUNK]))
+            except OSError:
+                if not self._chan.closed:
+                    raise
+                self._stdin = None  # the command ended without reading it all: its exit code says how
+                return
+            self._stdin = self._stdin[sent:]
+            if not self._stdin:
+                self._chan.shutdown_write()
+                self._stdin = None
+
+    def wait(self, deadline: float) -> int:
+        if not self._chan.status_event.wait(max(deadline - time.monotonic(), 0)):
+            raise TimeoutError
+        code = self._chan.recv_exit_status()
+        if code == -1 and not self._transport.is_active():
+            raise _lost(EOFError("the link closed while the command ran"), deadline, self._owner.host.name)
+        return code
+
+    def stderr(self) -> bytes:
+        return self._err.value()
+
+    def kill(self) -> None:
+        """TERM the command's process group, then KILL it; drop the link if the host does not answer."""
+        self._chan.close()
+        if self._pgid is None:  # it never started (or printed nothing yet): the host's timer remains
+            return
+        script = _KILL_GROUP.replace("PGID", str(self._pgid))
+        deadline = time.monotonic() + KILL_BUDGET_S
+        try:
+            killer = _ChannelProcess(self._owner, self._transport, script, None, deadline, self._watchdog)
+            try:
+                while killer.read(deadline):
+                    pass
+                killer.wait(deadline)
+            finally:
+                killer.close()
+        except (TimeoutError, RemoteError):
+            self._owner.close()
+
+    def close(self) -> None:
+        self._watchdog.cancel()
+        self._chan.close()
+
+
+class _RefuseUnknown(paramiko.RejectPolicy):
+    """RejectPolicy, with a message that says how to pin the key after checking it."""
+
+    def __init__(self, conn: Connection, known_hosts: str, name: str):
+        self._conn, self._known_hosts, self._name = conn, known_hosts, name
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        conn = self._conn
+        raise HostKeyError(
+            f"unknown host key for {conn.host}:{conn.port} ({key.get_name()} {key.fingerprint}): not in "
+            f"{self._known_hosts}. Check the fingerprint with the host's owner, then pin it: "
+            f"ssh-keyscan -p {conn.port} {shlex.quote(conn.host)} >> {shlex.quote(self._known_hosts)}",
+            host=self._name)
+
+
+def _wrap(command: str, timeout: float) -> str:
+    """Run `command` with bash in a process group of its own that prints its id first.
+
+    coreutils `timeout` makes the group (it calls setpgid) and is the host's own timer: it fires
+    REMOTE_GRACE_S after our deadline, so it matters only when we could not kill the group ourselves.
+    `--norc`: bash run by sshd reads ~/.bashrc (Debian's SSH_SOURCE_BASHRC); the login shell already
+    did, its exports are inherited, and reading it twice more cost 0.3 s a command on a pyenv host.
+    """
+    inner = 'echo "$PPID"; exec bash --norc -c "$1"'
+    return (f"exec timeout -k 5 {math.ceil(max(timeout, 0)) + REMOTE_GRACE_S} "
+            f"bash --norc -c {shlex.quote(inner)} harness {shlex.quote(command)}")
+
+
+def _chain(conn: Connection) -> list[Connection]:
+    """The connection and its gateways, outermost jump host first (ProxyJump may come from ssh config)."""
+    hops = [conn]
+    while isinstance(hops[0].gateway, Connection):
+        hops.insert(0, hops[0].gateway)
+    return hops
+
+
+def _known_hosts(host: HostSpec, conn: Connection) -> str:
+    """The inventory's file, else ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts."""
+    configured = (conn.ssh_config.get("userknownhostsfile") or "").split()
+    return os.path.expanduser(host.known_hosts or (configured[0] if configured else "~/.ssh/known_hosts"))
+
+
+def _known_hosts_name(conn: Connection) -> str:
+    return conn.host if int(conn.port) == 22 else f"[{conn.host}]:{conn.port}"
+
+
+def _existing_key(host: HostSpec) -> str:
+    path = os.path.expanduser(host.identity_file)
+    if not os.path.isfile(path):
+        raise AuthError(f"identity file {host.identity_file} does not exist", host=host.name)
+    return path
+
+
+def _lost(error: BaseException, deadline: float, name: str) -> Exception:
+    """A paramiko failure during a command: our deadline (passed, or the watchdog cut the link), or a lost link."""
+    timed_out = isinstance(error, TimeoutError) or str(error) == "Timeout opening channel."
+    if timed_out or time.monotonic() >= deadline:
+        return TimeoutError()
+    return UnreachableError(f"connection lost: {error or type(error).__name__}", host=name)

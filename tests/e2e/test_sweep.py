@@ -1,0 +1,203 @@
+"""Whole sweeps through a real sshd into a "remote" venv whose engines are the simulator.
+
+These run the real `harness` command line: launch scripts rendered from the shipped templates, the
+engine's real launch command, real HTTP, the real profiler protocol, real files pulled back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import harness
+
+FAST = {"HARNESS_SIM_TIME_SCALE": "0.02", "HARNESS_SIM_STARTUP_S": "0.5"}
+
+
+def playbook(tmp_path: Path, *, engine="sglang", configs=None, profile="engine", hosts="node1", **extra) -> Path:
+    pb = {
+        "name": f"e2e-{engine}", "hosts": hosts, "engine": engine,
+        "model": {"path": "/models/tiny", "served_name": "tiny"},
+        "server": {"port": _free_port(), "env": dict(FAST), "startup_timeout_s": 60},
+        "configs": configs or [{"name": "tp2", "args": {"tp-size" if engine != "vllm" else "tensor-parallel-size": 2}},
+                               {"name": "tp1"}],
+        "benchmark": {"prompt": "hello there", "max_tokens": 12, "concurrency": [1, 4], "requests": 4,
+                      "warmup": 1, "timeout_s": 60},
+        "profile": {"mode": profile, "num_steps": 3, "timeout_s": 60},
+        **extra,
+    }
+    path = tmp_path / "playbook.yaml"
+    path.write_text(yaml.safe_dump(pb, sort_keys=False))
+    return path
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sweep_dir(results: Path) -> Path:
+    (only,) = [p for p in results.iterdir() if p.is_dir()]
+    return only
+
+
+def manifests(results: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sweep_dir(results).glob("runs/*/manifest.json")}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_sweep_over_ssh_measures_profiles_and_compares_every_configuration(tmp_path, ssh_inventory, engine):
+    results = tmp_path / "results"
+    run = harness("sweep", playbook(tmp_path, engine=engine), "-i", ssh_inventory(), "-o", results)
+    assert run.returncode == 0, run.stdout + run.stderr
+    root = sweep_dir(results)
+    for name in ("sweep.json", "journal.jsonl", "summary.json", "summary.csv"):
+        assert (root / name).is_file(), name
+    runs = manifests(results)
+    assert sorted(runs) == ["tp1-1", "tp2-1"]
+    for run_id, m in runs.items():
+        d = root / "runs" / run_id
+        assert m["schema"] == "harness.run/1" and m["status"] == "ok", m.get("error")
+        assert set(m["phases"]) >= {"preflight", "launch", "health", "bench", "profile", "collect", "teardown"}
+        assert m["host"]["name"] == "node1" and m["engine"] == engine
+        bench = json.loads((d / "bench.json").read_text())
+        assert [lv["concurrency"] for lv in bench["levels"]] == [1, 4]
+        assert all(lv["completed"] == 4 and lv["failed"] == 0 for lv in bench["levels"])
+        assert len((d / "requests.jsonl").read_text().splitlines()) == 8
+        assert "source " in (d / "launch.sh").read_text() and (d / "server.log").stat().st_size > 0
+        ranks = 2 if run_id.startswith("tp2") else 1
+        assert m["profile"]["status"] == "ok", m["profile"]
+        assert len(m["profile"]["files"]) == ranks
+        assert len([p for p in (d / "profile").iterdir() if ".trace.json" in p.name]) == ranks
+        analysis = json.loads((d / "analysis.json").read_text())
+        assert analysis["schema"] == "harness.analysis/1" and analysis["top"]
+        assert m["collected"]["files"] > 0 and (d / "facts" / "python.txt").exists()
+        assert not (d / ".secrets.env").exists()
+    states = [json.loads(line)["state"] for line in (root / "journal.jsonl").read_text().splitlines()]
+    assert states.count("ok") == 2
+    assert "tp1" in run.stdout and "tp2" in run.stdout
+
+    compared = harness("compare", root, "--format", "json")
+    assert compared.returncode == 0, compared.stderr
+    rows = json.loads(compared.stdout)
+    assert {(r["config"], r["concurrency"]) for r in rows} == {("tp2", 1), ("tp2", 4), ("tp1", 1), ("tp1", 4)}
+    assert all(r["itl_ms_p50"] > 0 and r["output_tok_s"] > 0 for r in rows)
+
+
+def test_no_server_is_left_running_after_a_sweep(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, configs=[{"name": "one"}], profile="none")
+    port = yaml.safe_load(pb.read_text())["server"]["port"]
+    assert harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r").returncode == 0
+    import socket
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_bad_input_exits_2_naming_the_file_and_key_before_any_host_is_touched(tmp_path, ssh_inventory):
+    inv = ssh_inventory()
+    pb = playbook(tmp_path)
+    pb.write_text(pb.read_text().replace("max_tokens: 12", "max_tokens: lots"))
+    run = harness("sweep", pb, "-i", inv, "-o", tmp_path / "r")
+    assert run.returncode == 2
+    assert str(pb) in run.stderr and "benchmark.max_tokens" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "remote-work").exists() and not (tmp_path / "r").exists()
+
+
+def test_a_host_with_a_changed_key_is_refused_and_never_retried(tmp_path, ssh_inventory, sshd):
+    other = tmp_path / "known_hosts"
+    other.write_text(f"[{sshd.address}]:{sshd.port} ssh-ed25519 "
+                     "AAAAC3NzaC1lZDI1NTE5AAAAIOcWSk6oNYUqWjFmHqLYsaEJ3Go9qAyWxLOLTnzLdOGn\n")
+    run = harness("sweep", playbook(tmp_path), "-i", ssh_inventory(known_hosts=str(other)), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    m = manifests(tmp_path / "r")
+    assert {x["error"]["kind"] for x in m.values()} == {"host_key"}
+    assert "changed" in next(iter(m.values()))["error"]["message"].lower()
+    assert not (tmp_path / "remote-work").exists()
+
+
+def test_an_unknown_host_key_is_refused_with_the_command_that_pins_it(tmp_path, ssh_inventory):
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    run = harness("sweep", playbook(tmp_path), "-i", ssh_inventory(known_hosts=str(empty)), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    message = next(iter(manifests(tmp_path / "r").values()))["error"]["message"]
+    assert "ssh-keyscan" in message and str(empty) in message
+
+
+def test_a_missing_venv_is_a_preflight_failure_that_says_so(tmp_path, ssh_inventory):
+    run = harness("sweep", playbook(tmp_path, configs=[{"name": "one"}]), "-i",
+                  ssh_inventory(venv=str(tmp_path / "no-such-venv")), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    err = manifests(tmp_path / "r")["one-1"]["error"]
+    assert err["kind"] == "preflight" and "no-such-venv" in err["message"] and "does not exist" in err["message"]
+
+
+def test_an_engine_missing_from_the_venv_is_named_with_host_and_venv(tmp_path, ssh_inventory):
+    from tests.remote_venv import make_remote_venv
+    venv = make_remote_venv(tmp_path / "sglang-only", engines=("sglang",))
+    run = harness("sweep", playbook(tmp_path, engine="vllm", configs=[{"name": "one"}]), "-i",
+                  ssh_inventory(venv=str(venv)), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    err = manifests(tmp_path / "r")["one-1"]["error"]
+    assert err["kind"] == "preflight"
+    assert "cannot import 'vllm'" in err["message"] and str(venv) in err["message"] and "node1" in err["message"]
+
+
+def test_a_flag_the_installed_engine_dropped_fails_in_preflight(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, configs=[{"name": "old", "args": {"enable-piecewise-cuda-graph": True}}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    err = manifests(tmp_path / "r")["old-1"]["error"]
+    assert err["kind"] == "preflight" and "--enable-piecewise-cuda-graph" in err["message"]
+
+
+def test_a_server_that_runs_out_of_memory_fails_fast_as_oom_with_its_log(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, configs=[{"name": "big", "env": {"HARNESS_SIM_FAULT": "oom_at_start"}}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    m = manifests(tmp_path / "r")["big-1"]
+    assert m["error"]["kind"] == "oom" and "out of memory" in m["error"]["log_tail"].lower()
+    assert m["phases"]["health"]["seconds"] < 60  # failed on the evidence, not at the startup timeout
+    assert (sweep_dir(tmp_path / "r") / "runs" / "big-1" / "server.log").exists()
+
+
+def test_a_profiler_that_answers_500_keeps_the_benchmark_and_says_what_it_answered(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, configs=[{"name": "p", "env": {"HARNESS_SIM_FAULT": "profile_500"}}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 0, run.stderr
+    m = manifests(tmp_path / "r")["p-1"]
+    assert m["status"] == "ok" and m["profile"]["status"] == "failed"
+    assert "HTTP 500" in m["profile"]["error"] and "stayed empty" in m["profile"]["error"]
+    assert m["profile"]["missing_ranks"] == [0]
+
+
+def test_shell_metacharacters_and_secrets_pass_literally_and_stay_secret(tmp_path, ssh_inventory):
+    marker = tmp_path / "pwned"
+    secret = "s3cr3t'; touch " + str(marker) + " #"
+    pb = playbook(tmp_path, configs=[{"name": "q", "args": {"served-model-name": f"tiny; touch {marker}"},
+                                      "env": {"HF_TOKEN": secret, "NOTE": f"$(touch {marker})"}}],
+                  profile="none")
+    pb.write_text(pb.read_text().replace("served_name: tiny", f"served_name: 'tiny; touch {marker}'"))
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert not marker.exists()
+    assert run.returncode == 0, run.stdout + run.stderr
+    root = sweep_dir(tmp_path / "r")
+    for path in [*root.rglob("*.json"), *root.rglob("*.jsonl"), *root.rglob("*.sh"), *root.rglob("*.log")]:
+        assert "s3cr3t" not in path.read_text(errors="replace"), path
+    assert "s3cr3t" not in run.stdout + run.stderr
+
+
+def test_plan_shows_every_run_and_script_as_json_without_touching_a_host(tmp_path, ssh_inventory):
+    run = harness("plan", playbook(tmp_path), "-i", ssh_inventory(), "--format", "json")
+    assert run.returncode == 0, run.stderr
+    entries = json.loads(run.stdout)
+    assert [e["run_id"] for e in entries] == ["tp2-1", "tp1-1"]
+    assert all(set(e) == {"run_id", "host", "config", "script"} for e in entries)
+    assert "--tp-size 2" in entries[0]["script"]
+    assert not (tmp_path / "remote-work").exists()

@@ -1,0 +1,363 @@
+"""The transport against a real OpenSSH server on a loopback port, and against this machine.
+
+Both transports promise the same things, so most tests run on both; what only SSH can get wrong
+(host keys, credentials, a frozen or vanished peer, ssh config, jump hosts) runs on SSH alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import resource
+import shlex
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.errors import AuthError, CommandFailed, HostKeyError, RemoteError, RemoteTimeout, UnreachableError
+from harness.transport import HostSpec, connect
+from harness.transport.base import KILL_BUDGET_S, OUTPUT_LIMIT
+from harness.transport.tarpull import Staging, TooLarge
+from tests.sshd import Sshd
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    with Sshd(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture
+def own_sshd(tmp_path):
+    """A server of the test's own, for tests that freeze or kill it."""
+    with Sshd(tmp_path / "sshd") as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=["ssh", "local"])
+def transport(request, sshd):
+    """One transport per kind for the module, as callers reuse one per host and worker."""
+    spec = sshd.host_spec() if request.param == "ssh" else HostSpec(name="localhost", transport="local")
+    t = connect(spec)
+    yield t
+    t.close()
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+def test_run_returns_stdout_stderr_and_exit_code(transport):
+    result = transport.run("echo out; echo err >&2; exit 3", timeout=10, check=False)
+    assert (result.stdout, result.stderr, result.exit_code, result.ok) == ("out\n", "err\n", 3, False)
+
+
+def test_run_uses_bash(transport):
+    assert transport.run("echo ${BASH_VERSION:+bash}", timeout=10).stdout == "bash\n"
+
+
+def test_a_failing_command_raises_with_its_exit_code_and_output_tail(transport):
+    with pytest.raises(CommandFailed) as failed:
+        transport.run("seq 100; echo 'no such model' >&2; exit 7", timeout=10)
+    assert failed.value.exit_code == 7
+    assert failed.value.command.startswith("seq 100")
+    assert "no such model" in failed.value.output and "100" in failed.value.output
+    assert "no such model" in failed.value.detail()
+
+
+def test_stdin_is_delivered_and_then_closed(transport):
+    data = os.urandom(3 << 20)
+    result = transport.run("sha256sum", stdin=data, timeout=30)
+    assert result.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+
+
+def test_stdin_the_command_does_not_read_is_no_error(transport):
+    assert transport.run("exit 0", stdin=os.urandom(8 << 20), timeout=30).ok
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_whole_process_group(transport, tmp_path):
+    marker = tmp_path / "child.pid"
+    with pytest.raises(RemoteTimeout) as timed_out:
+        transport.run(f"sleep 300 & echo $! > {marker}; echo started; wait", timeout=2)
+    assert "started" in timed_out.value.output
+    assert not alive(int(marker.read_text()))
+    assert transport.run("echo still usable", timeout=10).stdout == "still usable\n"
+
+
+def test_an_output_flood_neither_deadlocks_nor_grows_memory(transport):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = transport.run("yes | head -c 128M; echo done >&2", timeout=120)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert len(result.stdout) == OUTPUT_LIMIT and result.stdout.endswith("y\n")
+    assert result.stderr == "done\n"
+    assert grown_mb < 64
+
+
+# -- put ----------------------------------------------------------------------------------------
+
+def test_put_writes_a_secret_with_mode_0600_creating_parent_directories(transport, tmp_path):
+    target = tmp_path / "a" / "b" / "token"
+    transport.put(b"s3cret; $(id)", str(target), mode=0o600)
+    assert target.read_bytes() == b"s3cret; $(id)"
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_put_replaces_a_file_atomically_leaving_no_temporary_file(transport, tmp_path):
+    target = tmp_path / "launch.sh"
+    target.write_text("old")
+    transport.put(b"#!/bin/bash\n", str(target), mode=0o755)
+    assert target.read_bytes() == b"#!/bin/bash\n"
+    assert target.stat().st_mode & 0o777 == 0o755
+    assert os.listdir(tmp_path) == ["launch.sh"]
+
+
+# -- pull ---------------------------------------------------------------------------------------
+
+def test_pull_brings_back_nested_files_with_their_sha256(transport, tmp_path):
+    remote = tmp_path / "remote"
+    (remote / "profile" / "rank0").mkdir(parents=True)
+    (remote / "server.log").write_text("ready\n")
+    (remote / "profile" / "rank0" / "trace.json").write_bytes(b"{}" * 50_000)
+    pulled = transport.pull(str(remote), tmp_path / "local", timeout=30)
+    assert pulled.files == 2 and pulled.bytes == 100_006
+    for rel, digest in pulled.sha256.items():
+        assert hashlib.sha256((remote / rel).read_bytes()).hexdigest() == digest
+        assert (tmp_path / "local" / rel).read_bytes() == (remote / rel).read_bytes()
+    assert sorted(pulled.sha256) == ["profile/rank0/trace.json", "server.log"]
+
+
+def test_pull_merges_into_an_existing_directory(transport, tmp_path):
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / "bench.json").write_text("new")
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "manifest.json").write_text("kept")
+    (local / "bench.json").write_text("old")
+    transport.pull(str(tmp_path / "remote"), local, timeout=30)
+    assert (local / "manifest.json").read_text() == "kept"
+    assert (local / "bench.json").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["local", "remote"]  # no staging directory left behind
+
+
+def test_hostile_remote_names_stay_inside_the_local_directory(transport, tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "line\nbreak").write_text("a")
+    (remote / "-rf").write_text("b")
+    (remote / "passwd").symlink_to("/etc/passwd")
+    (remote / "etc").symlink_to("/etc")
+    local = tmp_path / "local"
+    pulled = transport.pull(str(remote), local, timeout=30)
+    assert sorted(pulled.sha256) == ["-rf", "line\nbreak"]
+    assert sorted(os.listdir(local)) == ["-rf", "line\nbreak"]
+    assert sorted(pulled.skipped) == ["./etc (link to /etc)", "./passwd (link to /etc/passwd)"]
+
+
+def test_a_pull_of_a_missing_directory_fails_and_leaves_nothing(transport, tmp_path):
+    with pytest.raises(CommandFailed) as failed:
+        transport.pull(str(tmp_path / "absent"), tmp_path / "local", timeout=30)
+    assert "absent" in failed.value.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_pull_larger_than_max_bytes_is_refused_and_leaves_nothing(transport, tmp_path):
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / "big").write_bytes(b"x" * 10_000)
+    with pytest.raises(TooLarge, match="max_bytes=1000"):
+        transport.pull(str(tmp_path / "remote"), tmp_path / "local", timeout=30, max_bytes=1000)
+    assert os.listdir(tmp_path) == ["remote"]
+
+
+def test_a_crafted_tar_stream_cannot_write_outside_or_link(tmp_path):
+    """What no honest `tar -c` produces, but a compromised host could send."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(name, data=b"x", **attrs):
+            info = tarfile.TarInfo(name)
+            info.size = len(data) if attrs.get("type", tarfile.REGTYPE) == tarfile.REGTYPE else 0
+            for key, value in attrs.items():
+                setattr(info, key, value)
+            tar.addfile(info, io.BytesIO(data) if info.size else None)
+        add("../escape")
+        add("/tmp/absolute")
+        add("a/../../escape2")
+        add("hard", type=tarfile.LNKTYPE, linkname="/etc/passwd")
+        add("soft", type=tarfile.SYMTYPE, linkname="/etc/passwd")
+        add("null", type=tarfile.CHRTYPE, devmajor=1, devminor=3)
+        add("setuid", mode=0o4777)
+        add("ok/file", b"fine")
+    chunks = iter([buf.getvalue()])
+    local = tmp_path / "run" / "collected"
+    with Staging(local, label="crafted") as staging:
+        staging.extract(lambda: next(chunks, b""))
+        pulled = staging.commit()
+    assert sorted(pulled.sha256) == ["ok/file", "setuid"]
+    assert len(pulled.skipped) == 6
+    assert sorted(os.listdir(tmp_path)) == ["run"] and sorted(os.listdir(tmp_path / "run")) == ["collected"]
+    assert (local / "setuid").stat().st_mode & 0o7000 == 0
+
+
+def test_a_compressed_stream_arriving_a_byte_at_a_time_extracts_whole(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "server.log").write_text("ready\n" * 100)
+    archive = subprocess.run(["bash", "-c", f"tar -C {tmp_path / 'src'} -cf - . | gzip -1"],
+                             capture_output=True, check=True).stdout
+    chunks = iter([archive[i:i + 1] for i in range(len(archive))])
+    with Staging(tmp_path / "local", label="bytewise") as staging:
+        staging.extract(lambda: next(chunks, b""))
+        assert staging.commit().sha256 == {"server.log": hashlib.sha256(b"ready\n" * 100).hexdigest()}
+
+
+# -- SSH only: host keys, credentials, reachability ------------------------------------------------
+
+def test_an_unknown_host_key_is_refused_with_the_command_that_pins_it(sshd, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError) as refused:
+        connect(sshd.host_spec(known_hosts=str(empty)))
+    assert f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {empty}" in str(refused.value)
+    assert not refused.value.retryable
+
+
+def test_a_changed_host_key_is_refused_showing_both_fingerprints(sshd, tmp_path):
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {(tmp_path / 'other.pub').read_text()}")
+    with pytest.raises(HostKeyError) as refused:
+        connect(sshd.host_spec(known_hosts=str(known)))
+    message = str(refused.value)
+    fingerprints = [subprocess.run(["ssh-keygen", "-lf", f"{key}.pub"], capture_output=True, text=True,
+                                   check=True).stdout.split()[1] for key in (other, sshd.host_key)]
+    assert "CHANGED" in message and all(fp in message for fp in fingerprints)
+
+
+def test_a_wrong_client_key_is_an_auth_error(sshd, tmp_path):
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    with pytest.raises(AuthError):
+        connect(sshd.host_spec(identity_file=str(stranger)))
+
+
+def test_a_closed_port_is_unreachable_at_once(own_sshd):
+    spec = own_sshd.host_spec()
+    own_sshd.stop()
+    started = time.monotonic()
+    with pytest.raises(UnreachableError) as unreachable:
+        connect(spec)
+    assert time.monotonic() - started < spec.connect_timeout
+    assert unreachable.value.retryable
+
+
+def test_a_frozen_server_gives_a_timeout_and_the_transport_reconnects_after(own_sshd):
+    transport = connect(own_sshd.host_spec())
+    own_sshd.freeze()
+    try:
+        started = time.monotonic()
+        with pytest.raises(RemoteTimeout):
+            transport.run("echo hello", timeout=1)
+        assert time.monotonic() - started < 1 + KILL_BUDGET_S + 2
+    finally:
+        own_sshd.thaw()
+    assert transport.run("echo back", timeout=10).stdout == "back\n"
+    transport.close()
+
+
+def test_a_session_frozen_mid_command_gives_a_timeout_not_a_hang(own_sshd):
+    """The command stops its own sshd session processes, so the freeze lands while it runs."""
+    transport = connect(own_sshd.host_spec())
+    freeze_my_session = (
+        f"p=$PPID; while [ $p -gt 1 ] && [ $p != {own_sshd.pid} ]; do "
+        "case $(cat /proc/$p/comm) in sshd*) kill -STOP $p;; esac; "
+        "p=$(cut -d' ' -f4 /proc/$p/stat); done; sleep 5")
+    started = time.monotonic()
+    with pytest.raises(RemoteTimeout):
+        transport.run(freeze_my_session, timeout=1)
+    assert time.monotonic() - started < 1 + KILL_BUDGET_S + 2
+    transport.close()
+
+
+def test_a_connection_lost_mid_pull_leaves_nothing_at_the_final_path(own_sshd, tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "trace.bin").write_bytes(os.urandom(64 << 20))
+    local = tmp_path / "results" / "run"
+    transport = connect(own_sshd.host_spec())
+
+    def kill_once_bytes_arrive():
+        while not any(p.stat().st_size for p in (tmp_path / "results").glob(".run.pull-*/*")):
+            time.sleep(0.01)
+        own_sshd.stop()
+
+    killer = threading.Thread(target=kill_once_bytes_arrive, daemon=True)
+    (tmp_path / "results").mkdir()
+    killer.start()
+    with pytest.raises(RemoteError) as lost:
+        transport.pull(str(remote), local, timeout=60)
+    killer.join(10)
+    assert isinstance(lost.value, (UnreachableError, CommandFailed)), lost.value
+    assert os.listdir(tmp_path / "results") == []
+
+
+def test_workers_pull_at_once_each_on_its_own_connection(sshd, tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "trace.json").write_bytes(b"[1,2,3]" * 200_000)
+    results: dict[int, object] = {}
+
+    def worker(i: int) -> None:
+        transport = connect(sshd.host_spec(name=f"worker-{i}"))
+        try:
+            results[i] = transport.pull(str(remote), tmp_path / f"local-{i}", timeout=60)
+        except Exception as e:  # reported below, with the worker that hit it
+            results[i] = e
+        finally:
+            transport.close()
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    digest = hashlib.sha256((remote / "trace.json").read_bytes()).hexdigest()
+    assert [getattr(results.get(i), "sha256", results.get(i)) for i in range(6)] == [{"trace.json": digest}] * 6
+
+
+def test_ssh_config_supplies_address_port_user_key_and_known_hosts(sshd, tmp_path, monkeypatch):
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+                      f"  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {sshd.known_hosts}\n")
+    monkeypatch.setenv("HARNESS_SSH_CONFIG", str(config))
+    transport = connect(HostSpec(name="gpu-alias"))
+    assert transport.run("echo via config", timeout=10).stdout == "via config\n"
+    transport.close()
+
+
+def test_a_jump_host_carries_the_connection(sshd):
+    transport = connect(sshd.host_spec(jump=f"{sshd.user}@127.0.0.1:{sshd.port}"))
+    assert transport.run("echo jumped", timeout=10).stdout == "jumped\n"
+    transport.close()
+
+
+def test_remote_paths_may_start_with_the_home_directory(sshd):
+    transport = connect(sshd.host_spec())
+    name = f"harness-put-test-{os.getpid()}"
+    try:
+        transport.put(b"x", f"~/{name}/f")
+        assert transport.run(f"cat ~/{shlex.quote(name)}/f", timeout=10).stdout == "x"
+    finally:
+        transport.run(f"rm -rf ~/{shlex.quote(name)}", timeout=10)
+        transport.close()

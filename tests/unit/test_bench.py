@@ -1,0 +1,228 @@
+"""The benchmark client end to end: the script as a real process against a real streaming HTTP server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from harness.remote.bench import run_benchmark, write_results
+
+BENCH = Path(__file__).parents[2] / "harness" / "remote" / "bench.py"
+
+
+class StreamServer(socketserver.ThreadingTCPServer):
+    """An OpenAI-compatible streaming server on 127.0.0.1 that plays one scripted behaviour per request,
+    in arrival order (then `tokens4` for every request after the script)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, script: list[str]):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.script, self.bodies = list(script), []
+        self.lock, self.release = threading.Lock(), threading.Event()
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+    def next(self, body: dict) -> str:
+        with self.lock:
+            self.bodies.append(body)
+            return self.script.pop(0) if self.script else "tokens4"
+
+
+class Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        stream = self.request.makefile("rb")
+        request_line = stream.readline().decode()
+        headers = {}
+        for line in iter(stream.readline, b"\r\n"):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.path = request_line.split()[1]
+        body = json.loads(stream.read(int(headers["content-length"])))
+        getattr(self, self.server.next(body))()
+
+    def event(self, text: str | None = None, finish: str | None = None, usage: dict | None = None,
+              error: dict | None = None) -> bytes:
+        if error:
+            return b"data: " + json.dumps(error).encode() + b"\n\n"
+        if text is None:
+            choices = []
+        elif self.path.endswith("/chat/completions"):
+            choices = [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]
+        else:
+            choices = [{"index": 0, "text": text, "finish_reason": finish}]
+        chunk = {"object": "chunk", "choices": choices, "usage": usage}
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    def head(self, extra: str) -> None:
+        self.request.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n{extra}\r\n".encode())
+
+    def chunk(self, data: bytes) -> None:
+        self.request.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def tokens4(self) -> None:
+        """12 tokens, 4 to a chunk, usage in its own chunk, chunked encoding."""
+        self.head("Transfer-Encoding: chunked\r\n")
+        for i in range(3):
+            self.chunk(self.event(f" w{i} x{i} y{i} z{i}"))
+        self.chunk(self.event("", finish="length"))
+        self.chunk(self.event(usage={"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}))
+        self.chunk(b"data: [DONE]\n\n")
+        self.request.sendall(b"0\r\n\r\n")
+
+    def keepalive(self) -> None:
+        """A complete chunked response on a connection the server then keeps open."""
+        self.tokens4()
+        self.server.release.wait()
+
+    def midstream_error(self) -> None:
+        self.head("Connection: close\r\n")
+        self.request.sendall(self.event(" The") + self.event(error={
+            "object": "error", "message": "The server is overloaded", "type": "ServiceUnavailableError",
+            "code": 503}) + b"data: [DONE]\n\n")
+
+    def reset(self) -> None:
+        self.head("Transfer-Encoding: chunked\r\n")
+        self.chunk(self.event(" The"))
+        self.request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.request.close()  # linger 0: the peer gets a RST
+
+    def status500(self) -> None:
+        body = b'{"object":"error","message":"Internal error: out of KV cache","code":500}'
+        self.request.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def no_done(self) -> None:
+        """Usage on the last content chunk, no [DONE], the end marked by closing the connection."""
+        self.head("Connection: close\r\n")
+        self.request.sendall(self.event(" a") + self.event(" b", finish="length", usage={
+            "prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}))
+
+    def hang(self) -> None:
+        self.server.release.wait()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(*script: str) -> StreamServer:
+        server = StreamServer(list(script))
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def bench(tmp_path: Path, url: str, *args: str) -> tuple[subprocess.CompletedProcess, dict, list[dict]]:
+    out = tmp_path / "out" / "bench.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--url", url, "--model", "glm-5", "--out", str(out),
+                           "--max-tokens", "12", *args], capture_output=True, text=True, timeout=60)
+    if not out.exists():
+        return proc, {}, []
+    lines = (out.parent / "requests.jsonl").read_text().splitlines()
+    return proc, json.loads(out.read_text()), [json.loads(line) for line in lines]
+
+
+def test_every_kind_of_response_is_counted_and_described_and_the_run_still_succeeds(serve, tmp_path):
+    server = serve("tokens4", "midstream_error", "reset", "keepalive", "status500", "no_done")
+    proc, result, requests = bench(tmp_path, server.url, "--concurrency", "1", "--requests", "6",
+                                   "--warmup", "0", "--timeout", "30")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["index"] for r in requests] == list(range(6))
+    four, error, reset, keepalive, status500, no_done = requests
+
+    assert (four["error"], four["output_tokens"], four["chunks"], len(four["itl_ms"])) == (None, 12, 3, 2)
+    assert four["tpot_ms"] == pytest.approx((four["e2e_ms"] - four["ttft_ms"]) / 11)
+    assert error["error"] == "The server is overloaded"
+    assert "reset" in reset["error"].lower()
+    assert (keepalive["error"], keepalive["output_tokens"]) == (None, 12)
+    assert status500["error"].startswith("HTTP 500: ") and "out of KV cache" in status500["error"]
+    assert (no_done["error"], no_done["output_tokens"], no_done["chunks"]) == (None, 2, 2)
+
+    level, = result["levels"]
+    assert (level["requests"], level["completed"], level["failed"]) == (6, 3, 3)
+    assert level["output_tokens"] == 26
+    assert level["token_count_mismatches"] == 2
+    assert sorted(e["count"] for e in level["errors"]) == [1, 1, 1]
+    assert (result["schema"], result["model"], result["prompt_tokens"]) == ("harness.bench/1", "glm-5", 5)
+    assert "1 failed: The server is overloaded" in proc.stderr
+
+
+def test_requests_are_greedy_streams_that_ask_for_usage_and_ignore_eos(serve, tmp_path):
+    server = serve()
+    proc, _, _ = bench(tmp_path, server.url, "--requests", "1", "--warmup", "0", "--prompt-tokens", "7")
+    assert proc.returncode == 0, proc.stderr
+    body, = server.bodies
+    assert body["stream"] is True and body["temperature"] == 0 and body["ignore_eos"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert (body["model"], body["max_tokens"], len(body["prompt"].split())) == ("glm-5", 12, 7)
+
+
+def test_a_request_that_hangs_times_out_and_a_run_where_nothing_completed_exits_3(serve, tmp_path):
+    server = serve("hang")
+    proc, result, requests = bench(tmp_path, server.url, "--requests", "1", "--warmup", "0",
+                                   "--timeout", "0.2")
+    assert proc.returncode == 3
+    assert "no request completed" in proc.stderr and "timeout" in proc.stderr
+    assert [r["error"] for r in requests] == ["timeout"]
+    assert result["levels"][0]["failed"] == 1
+
+
+def test_a_server_that_is_not_there_is_a_failed_run_not_a_crash(tmp_path):
+    with socket.socket() as held:  # bound, never listening: connections are refused
+        held.bind(("127.0.0.1", 0))
+        proc, _, requests = bench(tmp_path, f"http://127.0.0.1:{held.getsockname()[1]}",
+                                  "--requests", "2", "--warmup", "0")
+    assert proc.returncode == 3
+    assert all(r["error"].startswith("cannot connect") for r in requests)
+
+
+def test_bad_arguments_exit_2_with_a_message(tmp_path):
+    assert bench(tmp_path, "ftp://x", "--requests", "1")[0].returncode == 2
+    assert bench(tmp_path, "http://127.0.0.1:1", "--concurrency", "0")[0].returncode == 2
+    proc = bench(tmp_path, "127.0.0.1:30000")[0]
+    assert proc.returncode == 2 and "url must look like http://HOST:PORT" in proc.stderr
+
+
+def test_worker_processes_share_a_level_and_their_requests_are_merged(serve, tmp_path):
+    server = serve()
+    proc, result, requests = bench(tmp_path, server.url, "--concurrency", "1,4", "--requests", "8",
+                                   "--warmup", "2", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert [(lv["concurrency"], lv["completed"], lv["output_tokens"]) for lv in result["levels"]] == \
+        [(1, 8, 96), (4, 8, 96)]
+    assert [r["index"] for r in requests if r["concurrency"] == 4] == list(range(8))
+    assert len(server.bodies) == 2 * (8 + 2)
+
+
+def test_the_chat_api_in_process(serve, tmp_path):
+    server = serve("tokens4", "tokens4")
+    result = run_benchmark(server.url + "/v1", "glm-5", requests=2, warmup=0, api="chat",
+                           prompt="Hello there")
+    write_results(result, tmp_path / "bench.json")
+    assert server.bodies[0]["messages"] == [{"role": "user", "content": "Hello there"}]
+    assert result["levels"][0]["completed"] == 2
+    assert "requests" not in json.loads((tmp_path / "bench.json").read_text())
+    assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_level_bound_by_duration_sends_whole_requests_up_to_the_requests_cap(serve):
+    server = serve()
+    result = run_benchmark(server.url, "glm-5", concurrency=[2], requests=3, duration=0.05, warmup=0)
+    level, = result["levels"]
+    assert 1 <= level["requests"] <= 3
+    assert level["failed"] == 0

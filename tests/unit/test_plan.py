@@ -1,0 +1,126 @@
+"""Playbooks, rendering and the plan: every value quoted, every mistake named before any host."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from harness.errors import InputError
+from harness.plan import load_sweep
+from harness.render import flags, shquote
+
+INVENTORY = """\
+all:
+  vars: {workdir: /tmp/hw}
+  hosts:
+    localhost: {transport: local, venv: /opt/venv}
+  children:
+    gpu:
+      vars: {venv: /opt/venv}
+      hosts: {g1: {address: 10.0.0.1}, g2: {address: 10.0.0.2}}
+"""
+
+PLAYBOOK = """\
+name: t
+hosts: gpu
+engine: sglang
+model: {path: /models/m, served_name: m}
+server:
+  args: {trust-remote-code: true, kv-cache-dtype: fp8_e4m3}
+  env: {SGLANG_TORCH_PROFILER_DIR: "{{ run.profile_dir }}", HF_TOKEN: "hf_s3cr3t'$x"}
+configs:
+  - {name: tp8, args: {tp-size: 8}}
+  - {name: ep8, args: {tp-size: 8, ep-size: 8, kv-cache-dtype: null}}
+profile: {mode: engine}
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    def make(playbook: str = PLAYBOOK, inventory: str = INVENTORY):
+        (tmp_path / "inventory.yaml").write_text(inventory)
+        (tmp_path / "pb.yaml").write_text(playbook)
+        return tmp_path / "pb.yaml", tmp_path / "inventory.yaml"
+    return make
+
+
+def test_flags_render_bare_omitted_repeated_and_quoted():
+    rendered = flags({"a": True, "b": False, "c": None, "d": [1, 2], "e": "x; touch /tmp/pwn", "-O3": True})
+    assert shlex.split(rendered) == ["--a", "--d", "1", "--d", "2", "--e", "x; touch /tmp/pwn", "-O3"]
+
+
+def test_shquote_keeps_metacharacters_literal():
+    for value in ["$(id)", "a'b", "x; rm -rf /", "`id`", "new\nline"]:
+        assert shlex.split(shquote(value)) == [value]
+
+
+def test_configs_merge_over_server_args_and_null_removes_a_flag(files):
+    sweep = load_sweep(*files(), sweep_id="s1")
+    tp8, ep8 = (sweep.render(run, run.hosts[0]) for run in sweep.runs)
+    assert tp8.args == {"trust-remote-code": True, "kv-cache-dtype": "fp8_e4m3", "tp-size": 8}
+    assert "--kv-cache-dtype" not in ep8.script and "--ep-size 8" in ep8.script
+
+
+def test_the_script_activates_the_venv_and_renders_template_values(files):
+    sweep = load_sweep(*files(), sweep_id="s1")
+    script = sweep.render(sweep.runs[0], sweep.runs[0].hosts[0]).script
+    assert "source /opt/venv/bin/activate" in script
+    assert "export SGLANG_TORCH_PROFILER_DIR=/tmp/hw/s1/tp8-1/profile" in script
+    assert "python -m sglang.launch_server --model-path /models/m" in script
+
+
+def test_secrets_never_reach_the_script(files):
+    sweep = load_sweep(*files(), sweep_id="s1")
+    rendered = sweep.render(sweep.runs[0], sweep.runs[0].hosts[0])
+    assert "hf_s3cr3t" not in rendered.script
+    assert rendered.secret_env == {"HF_TOKEN": "hf_s3cr3t'$x"}
+    assert "source /tmp/hw/s1/tp8-1/.secrets.env" in rendered.script
+    assert sweep.redactor.text("token=hf_s3cr3t'$x") == "token=***"
+
+
+def test_pool_runs_may_land_on_any_matching_host_and_each_pins_them(files):
+    sweep = load_sweep(*files(), sweep_id="s1")
+    assert [r.run_id for r in sweep.runs] == ["tp8-1", "ep8-1"]
+    assert [h.name for h in sweep.runs[0].hosts] == ["g1", "g2"]
+    sweep = load_sweep(*files(PLAYBOOK + "placement: each\nrepeat: 2\n"), sweep_id="s1")
+    assert [r.run_id for r in sweep.runs][:4] == ["tp8-g1-1", "tp8-g2-1", "tp8-g1-2", "tp8-g2-2"]
+
+
+def test_limit_narrows_the_playbook_hosts(files):
+    sweep = load_sweep(*files(), limit="g2", sweep_id="s1")
+    assert [h.name for h in sweep.hosts] == ["g2"]
+    with pytest.raises(InputError, match="--limit"):
+        load_sweep(*files(), limit="localhost")
+
+
+@pytest.mark.parametrize("mutation, key, line", [
+    (("tp-size: 8}", "tp-size: eight, x: [}"), None, 9),                       # broken YAML
+    (("profile: {mode: engine}", "profile: {mode: engin}"), "profile.mode", 11),
+    (("name: tp8, args", "name: tp8, argz"), "configs[0].argz", 9),
+    (("name: t\n", "name: t\nrepeats: 2\n"), "repeats", 2),
+    (("{{ run.profile_dir }}", "{{ run.profile_dri }}"), "server.env.SGLANG_TORCH_PROFILER_DIR", 7),
+    (("name: ep8", "name: tp8"), "configs", 8),
+])
+def test_mistakes_name_the_file_the_key_and_the_line(files, mutation, key, line):
+    old, new = mutation
+    pb, inv = files(PLAYBOOK.replace(old, new))
+    with pytest.raises(InputError) as e:
+        load_sweep(pb, inv)
+    assert e.value.file == str(pb)
+    assert e.value.key == key
+    assert e.value.line == line
+
+
+def test_an_undefined_variable_in_the_template_names_the_template_and_line(files, tmp_path):
+    template = tmp_path / "custom.sh.j2"
+    template.write_text("#!/bin/bash\necho ok\necho {{ model.nope }}\n")
+    pb, inv = files(PLAYBOOK + f"template: {template}\n")
+    with pytest.raises(InputError) as e:
+        load_sweep(pb, inv)
+    assert e.value.file == str(template) and e.value.line == 3 and "nope" in str(e.value)
+
+
+def test_a_flag_name_with_shell_characters_is_refused(files):
+    pb, inv = files(PLAYBOOK.replace("tp-size: 8}", "'tp-size; touch /tmp/pwn': 8}", 1))
+    with pytest.raises(InputError, match="not a valid flag name"):
+        load_sweep(pb, inv)

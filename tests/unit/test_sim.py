@@ -1,0 +1,346 @@
+"""The simulated engine as a real process on a real port: readiness, the stream, the profiler, faults."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+
+MODEL = "/models/GLM-5-NVFP4"
+DEADLINE_S = 30.0
+"""Upper bound for anything the sim should do in well under a second: a safety net, not a timing test."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sim:
+    """One `python -m harness.sim` process, its port and its log."""
+
+    def __init__(self, tmp_path: Path, engine: str, *args: str, env: Optional[Dict[str, str]] = None):
+        self.port = free_port()
+        self.log_path = tmp_path / f"server-{self.port}.log"
+        port_flag = ["--port", str(self.port), "--host", "127.0.0.1"]
+        argv = [engine, "--model-path", MODEL, *port_flag] if engine == "sglang" \
+            else [engine, "serve", MODEL, *port_flag]
+        full_env = {**os.environ, "HARNESS_SIM_TIME_SCALE": "0.01", "HARNESS_SIM_STARTUP_S": "0", **(env or {})}
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "harness.sim", *argv, *args], stdout=log,
+                                         stderr=subprocess.STDOUT, env=full_env)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_log(self, text: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while text not in self.log():
+            assert self.proc.poll() is None or text in self.log(), f"sim exited; log:\n{self.log()}"
+            assert time.monotonic() < deadline, f"{text!r} never logged:\n{self.log()}"
+            time.sleep(0.02)
+
+    def request(self, method: str, path: str, body: Optional[dict] = None, timeout: float = DEADLINE_S
+                ) -> Tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def health_statuses(self) -> List[int]:
+        """Poll /health until it says 200, recording every answer (0 = connection refused)."""
+        seen: List[int] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while not seen or seen[-1] != 200:
+            assert time.monotonic() < deadline, f"never healthy; saw {sorted(set(seen))}\n{self.log()}"
+            try:
+                seen.append(self.request("GET", "/health")[0])
+            except ConnectionRefusedError:
+                seen.append(0)
+                time.sleep(0.01)
+        return seen
+
+    def wait_ready(self) -> "Sim":
+        self.health_statuses()
+        return self
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=DEADLINE_S)
+
+
+@pytest.fixture
+def sim(tmp_path):
+    started: List[Sim] = []
+
+    def start(engine: str, *args: str, env: Optional[Dict[str, str]] = None, ready: bool = True) -> Sim:
+        s = Sim(tmp_path, engine, *args, env=env)
+        started.append(s)
+        return s.wait_ready() if ready else s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def sse_events(raw: bytes) -> List[object]:
+    """The `data:` payloads of an event stream, decoded ([DONE] stays a string)."""
+    events = []
+    for block in raw.decode().split("\n\n"):
+        if block.startswith("data: "):
+            payload = block[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def text_chunks(events: List[object]) -> List[str]:
+    out = []
+    for e in events:
+        if isinstance(e, dict) and e["choices"]:
+            c = e["choices"][0]
+            text = c["text"] if "text" in c else c["delta"].get("content", "")
+            if text:
+                out.append(text)
+    return out
+
+
+def complete(s: Sim, max_tokens: int = 5, **extra) -> List[object]:
+    body = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True, **extra}
+    status, raw = s.request("POST", "/v1/completions", body)
+    assert status == 200, raw
+    return sse_events(raw)
+
+
+# ---- readiness -----------------------------------------------------------------------------
+
+def test_sglang_refuses_connections_while_loading_then_answers_503_then_200(sim):
+    s = sim("sglang", env={"HARNESS_SIM_STARTUP_S": "1"}, ready=False)
+    s.wait_log("Load weight begin")
+    with pytest.raises(ConnectionRefusedError):
+        s.request("GET", "/health")
+    seen = s.health_statuses()
+    assert 503 in seen and seen.index(503) < len(seen) - 1 and seen[-1] == 200
+    assert "The server is fired up and ready to roll!" in s.log()
+
+
+def test_vllm_is_healthy_once_listening_and_answers_ping_and_version(sim):
+    s = sim("vllm")
+    assert s.request("GET", "/ping")[0] == 200
+    status, body = s.request("GET", "/version")
+    assert status == 200 and json.loads(body) == {"version": "0.33.0"}
+    assert s.request("GET", "/health_generate")[0] == 404
+
+
+def test_server_info_echoes_the_server_args_and_version(sim):
+    s = sim("sglang", "--tp-size", "2", "--kv-cache-dtype", "fp8_e4m3")
+    for path in ("/server_info", "/get_server_info"):
+        info = json.loads(s.request("GET", path)[1])
+        assert info["version"] == "0.5.23" and info["tp_size"] == 2 and info["kv_cache_dtype"] == "fp8_e4m3"
+    models = json.loads(s.request("GET", "/v1/models")[1])
+    assert models["data"][0]["id"] == MODEL
+
+
+def test_sglang_metrics_exist_only_with_enable_metrics(sim):
+    assert sim("sglang").request("GET", "/metrics")[0] == 404
+    status, body = sim("sglang", "--enable-metrics").request("GET", "/metrics")
+    assert status == 200 and b"sglang:num_running_reqs" in body
+
+
+# ---- the stream ----------------------------------------------------------------------------
+
+def test_completion_stream_carries_every_token_then_a_usage_chunk_then_done(sim):
+    events = complete(sim("sglang"), max_tokens=5)
+    assert events[-1] == "[DONE]"
+    usage_chunk = events[-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 5
+    assert usage_chunk["usage"]["prompt_tokens"] == 4
+    assert len(text_chunks(events)) == 5
+    assert all(e["object"] == "text_completion" for e in events[:-1])
+
+
+def test_stream_interval_packs_several_tokens_into_one_chunk(sim):
+    events = complete(sim("vllm", "--stream-interval", "3"), max_tokens=7)
+    chunks = text_chunks(events)
+    assert len(chunks) == 3  # the first token at once, then every third
+    assert events[-2]["usage"]["completion_tokens"] == 7
+    assert events[-3]["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_stream_opens_with_a_role_only_chunk(sim):
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "stream": True}
+    for engine in ("sglang", "vllm"):
+        status, raw = sim(engine).request("POST", "/v1/chat/completions", body)
+        events = sse_events(raw)
+        assert status == 200 and events[0]["object"] == "chat.completion.chunk"
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert len(text_chunks(events)) == 3 and events[-1] == "[DONE]"
+
+
+def test_without_ignore_eos_the_model_stops_by_itself(sim):
+    s = sim("sglang")
+    body = {"prompt": "Tell me a story", "max_tokens": 5000}
+    reply = json.loads(s.request("POST", "/v1/completions", body)[1])
+    assert reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] < 5000
+    body["ignore_eos"], body["max_tokens"] = True, 300
+    reply = json.loads(s.request("POST", "/v1/completions", body)[1])
+    assert reply["choices"][0]["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 300
+
+
+def test_vllm_refuses_an_unknown_model_name(sim):
+    s = sim("vllm", "--served-model-name", "glm-5")
+    assert s.request("POST", "/v1/completions", {"model": "other", "prompt": "x"})[0] == 404
+    assert s.request("POST", "/v1/completions", {"model": "glm-5", "prompt": "x", "max_tokens": 2})[0] == 200
+
+
+def test_emit_log_records_every_token_and_sigterm_flushes_it(sim, tmp_path):
+    emit = tmp_path / "emit.jsonl"
+    s = sim("sglang", env={"HARNESS_SIM_EMIT_LOG": str(emit)})
+    events = complete(s, max_tokens=6)
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=DEADLINE_S) == 0
+    rows = [json.loads(line) for line in emit.read_text().splitlines()]
+    assert [r["token"] for r in rows] == list(range(6))
+    assert {r["request"] for r in rows} == {events[0]["id"]}
+    assert all(a["t_ns"] <= b["t_ns"] for a, b in zip(rows, rows[1:]))
+
+
+# ---- flags -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine,args,message", [
+    ("sglang", ["--model-path", "m", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ("sglang", ["--model-path", "m", "--enable-piecewise-cuda-graph"], "unrecognized arguments"),
+    ("sglang", ["--model-path", "m", "--cuda-graph-max-bs", "8"], "ambiguous option: --cuda-graph-max-bs"),
+    ("vllm", ["serve", "m", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_a_flag_the_real_launcher_lacks_fails_with_exit_2(engine, args, message):
+    done = subprocess.run([sys.executable, "-m", "harness.sim", engine, *args], capture_output=True, text=True,
+                          timeout=DEADLINE_S)
+    assert done.returncode == 2 and message in done.stderr
+
+
+# ---- profiler ------------------------------------------------------------------------------
+
+def trace_files(directory: Path) -> List[str]:
+    return sorted(p.name for p in directory.glob("*.trace.json*")) if directory.exists() else []
+
+
+def test_sglang_num_steps_session_stops_itself_with_traffic_and_writes_one_file_per_rank(sim, tmp_path):
+    s = sim("sglang", "--tp-size", "2", "--ep-size", "2")
+    out = tmp_path / "prof"
+    assert s.request("POST", "/start_profile", {"output_dir": str(out), "num_steps": 3})[0] == 200
+    complete(s, max_tokens=8)  # 8 forward steps (a prefill, 7 decodes); the session closes at the third
+    names = trace_files(out)
+    assert len(names) == 2
+    assert all(re.fullmatch(r"\d+\.\d+-TP-(\d)-EP-\1\.trace\.json\.gz", n) for n in names), names
+    status, body = s.request("POST", "/stop_profile")
+    assert status == 500 and b"Profiling is not in progress" in body
+
+
+def test_sglang_num_steps_session_without_traffic_stays_open_and_stop_writes_to_its_old_dir(sim, tmp_path):
+    s = sim("sglang", "--tp-size", "2")
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert s.request("GET", "/start_profile", {"output_dir": str(old), "num_steps": 5})[0] == 200
+    status, body = s.request("POST", "/start_profile", {"output_dir": str(new), "num_steps": 5})
+    assert status == 500 and b"Profiling is already in progress" in body
+    assert trace_files(old) == []
+    assert s.request("POST", "/stop_profile")[0] == 200
+    assert len(trace_files(old)) == 2 and trace_files(new) == []
+
+
+def test_sglang_profile_prefix_and_stages_shape_the_file_names(sim, tmp_path):
+    s = sim("sglang")
+    body = {"output_dir": str(tmp_path), "num_steps": 4, "profile_prefix": "tp1", "profile_by_stage": True}
+    assert s.request("POST", "/start_profile", body)[0] == 200
+    complete(s, max_tokens=6)
+    names = trace_files(tmp_path)
+    assert [re.sub(r"\d+\.\d+", "ID", n) for n in names] == ["tp1-ID-TP-0-DECODE.trace.json.gz",
+                                                             "tp1-ID-TP-0-EXTEND.trace.json.gz"]
+
+
+def test_sglang_output_dir_defaults_to_the_env_var(sim, tmp_path):
+    s = sim("sglang", env={"SGLANG_TORCH_PROFILER_DIR": str(tmp_path / "env")})
+    assert s.request("POST", "/start_profile")[0] == 200
+    complete(s, max_tokens=2)
+    assert s.request("POST", "/stop_profile")[0] == 200
+    assert len(trace_files(tmp_path / "env")) == 1
+
+
+def test_vllm_profiler_is_404_unless_configured(sim):
+    s = sim("vllm")
+    assert s.request("POST", "/start_profile")[0] == 404
+    assert s.request("POST", "/stop_profile")[0] == 404
+
+
+def test_vllm_profiler_is_post_only_idempotent_and_writes_per_worker_files(sim, tmp_path):
+    out = tmp_path / "prof"
+    s = sim("vllm", "-tp", "2", "--profiler-config.profiler=torch", f"--profiler-config.torch_profiler_dir={out}")
+    assert s.request("GET", "/start_profile")[0] == 405
+    assert s.request("POST", "/start_profile")[0] == 200
+    assert s.request("POST", "/start_profile")[0] == 200
+    complete(s, max_tokens=3)
+    assert s.request("POST", "/stop_profile")[0] == 200
+    assert s.request("POST", "/stop_profile")[0] == 200
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 4
+    assert re.fullmatch(r"dp0_pp0_tp0_dcp0_ep0_rank0\.\d+\.pt\.trace\.json\.gz", names[0])
+    assert names[1] == "dp0_pp0_tp0_dcp0_ep0_rank0.profiler_out.txt"
+    assert names[2].startswith("dp0_pp0_tp1_dcp0_ep0_rank1.")
+    with gzip.open(out / names[0]) as f:
+        events = json.load(f)["traceEvents"]
+    assert sum(e["name"].startswith("execute_context_") for e in events if e.get("cat") == "user_annotation") == 3
+
+
+# ---- faults --------------------------------------------------------------------------------
+
+def test_oom_at_start_logs_the_cuda_oom_and_exits_1(sim):
+    s = sim("sglang", env={"HARNESS_SIM_FAULT": "oom_at_start"}, ready=False)
+    assert s.proc.wait(timeout=DEADLINE_S) == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in s.log()
+
+
+def test_crash_after_n_requests_kills_the_process(sim):
+    s = sim("vllm", env={"HARNESS_SIM_FAULT": "crash_after=2"})
+    complete(s)
+    assert s.proc.poll() is None
+    complete(s)
+    assert s.proc.wait(timeout=DEADLINE_S) == 1
+
+
+def test_never_healthy_keeps_answering_503(sim):
+    s = sim("sglang", env={"HARNESS_SIM_FAULT": "never_healthy"}, ready=False)
+    s.wait_log("Uvicorn running")
+    assert {s.request("GET", "/health")[0] for _ in range(5)} == {503}
+    assert "fired up" not in s.log()
+
+
+def test_hang_after_n_requests_accepts_connections_but_never_answers(sim):
+    s = sim("sglang", env={"HARNESS_SIM_FAULT": "hang_after=1"})
+    complete(s)
+    with pytest.raises(socket.timeout):
+        s.request("GET", "/health", timeout=0.5)
+
+
+def test_profile_500_refuses_both_endpoints_and_writes_nothing(sim, tmp_path):
+    s = sim("sglang", env={"HARNESS_SIM_FAULT": "profile_500"})
+    assert s.request("POST", "/start_profile", {"output_dir": str(tmp_path / "p"), "num_steps": 1})[0] == 500
+    complete(s)
+    assert s.request("POST", "/stop_profile")[0] == 500
+    assert trace_files(tmp_path / "p") == []
