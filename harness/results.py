@@ -69,7 +69,13 @@ def summary_rows(manifest: dict, bench: dict | None) -> list[dict]:
 def load_runs(sweep_dir: Path) -> list[tuple[dict, dict | None]]:
     """(manifest, bench) for every run with a manifest, in run-id order."""
     out = []
-    for mf in sorted((Path(sweep_dir) / "runs").glob("*/manifest.json")):
+    try:  # the playbook's order, when the sweep recorded it
+        order = {r["run_id"]: i for i, r in enumerate(read_json(Path(sweep_dir) / "sweep.json")["runs"])}
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        order = {}
+    found = sorted((Path(sweep_dir) / "runs").glob("*/manifest.json"),
+                   key=lambda p: (order.get(p.parent.name, len(order)), p.parent.name))
+    for mf in found:
         bench_path = mf.parent / "bench.json"
         try:
             manifest = read_json(mf)

@@ -13,13 +13,17 @@ import json
 import statistics
 from pathlib import Path
 
+from rich import box
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from harness.errors import InputError
+from harness.report.analysis_view import short_name
 from harness.results import find_sweeps, load_runs, read_json
 
-METRICS = [("ttft_ms", "p50", "TTFT p50"), ("itl_ms", "p50", "ITL p50"), ("itl_ms", "p99", "ITL p99"),
-           ("tpot_ms", "p50", "TPOT p50"), ("e2e_ms", "p50", "E2E p50")]
+METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
+           ("itl_ms", "p99", "ITL\np99 ms"), ("tpot_ms", "p50", "TPOT\np50 ms")]
 
 
 def collect(paths: list[Path]) -> list[dict]:
@@ -71,21 +75,24 @@ def _analysis(runs: list[tuple[dict, dict | None]]) -> dict | None:
     return None
 
 
-def _fmt(v, digits=1) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
-def table(rows: list[dict], *, baseline: str | None = None, title: str = "configurations") -> Table:
+def table(rows: list[dict], *, baseline: str | None = None, title: str = "configurations"):
+    """The metrics per configuration and level, then where each configuration's GPU time went."""
     base = _baseline(rows, baseline)
-    t = Table(title=title, header_style="bold")
-    t.add_column("config")
-    t.add_column("conc", justify="right")
+    t = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+    t.add_column("config", no_wrap=True)
+    t.add_column("conc", justify="right", no_wrap=True)
     for _, _, label in METRICS:
-        t.add_column(f"{label} ms", justify="right")
-    t.add_column("tok/s", justify="right")
+        t.add_column(label, justify="right", no_wrap=True)
+    t.add_column("tok/s", justify="right", no_wrap=True)
     if base:
-        t.add_column(f"ITL vs {base[0]['config']}", justify="right")
-    t.add_column("GPU time by category / top kernel")
+        t.add_column(f"ITL vs\n{base[0]['config']}", justify="right", no_wrap=True)
+    failed = [r for r in rows if r.get("error")]
     for row in rows:
         cells = [row["config"], str(row["concurrency"] or "-")]
         cells += [_fmt(row.get(f"{m}_{q}")) for m, q, _ in METRICS]
@@ -93,9 +100,42 @@ def table(rows: list[dict], *, baseline: str | None = None, title: str = "config
         if base:
             ref = next((b for b in base if b["concurrency"] == row["concurrency"]), None)
             cells.append(_delta(row.get("itl_ms_p50"), ref and ref.get("itl_ms_p50")))
-        cells.append(_kernels(row))
         t.add_row(*cells, style="red" if row.get("error") and not row["ok"] else None)
-    return t
+    parts = [t]
+    if failed:
+        parts.append(Text("\n".join(f"{r['config']}: {r['error']}" for r in failed), style="red"))
+    kernels = _kernel_table(rows, base[0]["config"] if base else None)
+    return Group(*parts, *([kernels] if kernels else []))
+
+
+def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
+    """Per configuration: GPU time by category (moves against the baseline in points), top kernels."""
+    per_config = {r["config"]: r["analysis"] for r in rows if r.get("analysis")}
+    if not per_config:
+        return None
+    ref = per_config.get(baseline) if baseline else None
+    cats = sorted({c for a in per_config.values() for c in a["categories"]},
+                  key=lambda c: -max(a["categories"].get(c, 0) for a in per_config.values()))[:4]
+    t = Table(title=f"GPU time by category (points vs {baseline})" if ref else "GPU time by category",
+              header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+    t.add_column("config", no_wrap=True)
+    t.add_column("GPU ms\n/step", justify="right", no_wrap=True)
+    for c in cats:
+        t.add_column(c, justify="right", no_wrap=True)
+    k = Table(title="top kernel", header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+    k.add_column("config", no_wrap=True, min_width=max(map(len, per_config)))
+    k.add_column("share", justify="right", no_wrap=True, min_width=5)
+    k.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=60)
+    for name, a in per_config.items():
+        cells = [name, _fmt(a.get("per_step_ms"))]
+        for c in cats:
+            share = a["categories"].get(c, 0)
+            moved = "" if not ref or name == baseline else f" {(share - ref['categories'].get(c, 0)) * 100:+.0f}"
+            cells.append(f"{share * 100:.0f}%{moved}")
+        t.add_row(*cells)
+        if a["top"]:
+            k.add_row(name, f"{a['top'][0]['share'] * 100:.0f}%", short_name(a["top"][0]["name"]))
+    return Group(t, k)
 
 
 def _baseline(rows: list[dict], name: str | None) -> list[dict]:
@@ -112,17 +152,6 @@ def _delta(value, ref) -> str:
     if value is None or not ref:
         return "-"
     return f"{(value - ref) / ref * 100:+.0f}%"
-
-
-def _kernels(row: dict) -> str:
-    if row.get("error") and not row["ok"]:
-        return row["error"][:80]
-    a = row.get("analysis")
-    if not a:
-        return ""
-    cats = sorted(a["categories"].items(), key=lambda kv: -kv[1])[:3]
-    top = a["top"][0]["name"][:40] if a["top"] else ""
-    return ", ".join(f"{c} {s * 100:.0f}%" for c, s in cats) + (f" | {top}" if top else "")
 
 
 def as_json(rows: list[dict]) -> str:

@@ -201,3 +201,33 @@ def test_plan_shows_every_run_and_script_as_json_without_touching_a_host(tmp_pat
     assert all(set(e) == {"run_id", "host", "config", "script"} for e in entries)
     assert "--tp-size 2" in entries[0]["script"]
     assert not (tmp_path / "remote-work").exists()
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_sweep_stops_its_server_flushes_the_journal_and_exits_130(tmp_path, ssh_inventory, sig):
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    pb = playbook(tmp_path, configs=[{"name": "slow", "env": {"HARNESS_SIM_TIME_SCALE": "1"}}], profile="none")
+    port = yaml.safe_load(pb.read_text())["server"]["port"]
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i", str(ssh_inventory()),
+                             "-o", str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    journal = (sweep_dir(tmp_path / "r") / "journal.jsonl").read_text().splitlines()
+    assert json.loads(journal[-1]) | {"state": "interrupted", "run_id": "slow-1"} == json.loads(journal[-1])
+    leftovers = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True).stdout
+    assert leftovers == ""
