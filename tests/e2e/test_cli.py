@@ -1,0 +1,93 @@
+"""The smaller commands, run as a user would: check, bench, analyze."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import harness
+from tests.remote_venv import make_remote_venv
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def sim_server(tmp_path):
+    """A simulated SGLang server on a free port, healthy before the test starts."""
+    port = _free_port()
+    env = {"HARNESS_SIM_TIME_SCALE": "0.02", "HARNESS_SIM_STARTUP_S": "0.2", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.sim", "sglang", "--model-path", "/m",
+                             "--served-model-name", "tiny", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import urllib.request
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_bench_measures_any_openai_server_and_writes_both_files(tmp_path, sim_server):
+    out = tmp_path / "b" / "bench.json"
+    run = harness("bench", "--url", sim_server, "--model", "tiny", "--concurrency", "1,3", "--requests", "3",
+                  "--max-tokens", "8", "-o", out)
+    assert run.returncode == 0, run.stderr
+    bench = json.loads(out.read_text())
+    assert bench["schema"] == "harness.bench/1"
+    assert [(lv["concurrency"], lv["completed"]) for lv in bench["levels"]] == [(1, 3), (3, 3)]
+    assert all(lv["output_tokens"] == 24 for lv in bench["levels"])
+    assert len((out.parent / "requests.jsonl").read_text().splitlines()) == 6
+    assert "tiny" in run.stdout
+
+
+def test_bench_with_bad_levels_is_an_input_error(tmp_path):
+    run = harness("bench", "--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "1,x")
+    assert run.returncode == 2 and "--concurrency" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_check_reports_each_host_and_what_is_wrong_with_it(tmp_path, ssh_inventory):
+    run = harness("check", "-i", ssh_inventory(), "--limit", "node1", "--engine", "sglang", "--port",
+                  str(_free_port()))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "node1" in run.stdout and "ok" in run.stdout
+    venv = make_remote_venv(tmp_path / "sglang-only", engines=("sglang",))
+    run = harness("check", "-i", ssh_inventory(venv=str(venv)), "--limit", "node1", "--engine", "vllm")
+    assert run.returncode == 1
+    assert "cannot import vllm" in " ".join(run.stdout.split())
+
+
+def test_check_names_the_process_holding_the_port(tmp_path, ssh_inventory, sim_server):
+    port = sim_server.rsplit(":", 1)[1]
+    run = harness("check", "-i", ssh_inventory(), "--limit", "node1", "--port", port)
+    assert run.returncode == 1
+    flat = " ".join(run.stdout.split())
+    assert f"port {port} in use" in flat and "harness.sim" in flat
+
+
+def test_analyze_reads_a_trace_and_bad_files_exit_2(tmp_path):
+    from harness.sim.model import LatencyModel, SimConfig
+    from harness.sim.trace import write_trace
+    trace = tmp_path / "1-TP-0.trace.json.gz"
+    write_trace(trace, model=LatencyModel(SimConfig()), steps=3)
+    run = harness("analyze", trace, "--format", "json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["schema"] == "harness.analysis/1" and result["categories"]["copy"] > 0.5
+    broken = tmp_path / "broken.trace.json.gz"
+    broken.write_bytes(trace.read_bytes()[:200])
+    run = harness("analyze", broken)
+    assert run.returncode == 2 and "broken.trace.json.gz" in run.stderr and "Traceback" not in run.stderr
