@@ -51,24 +51,42 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
           output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results"),
           limit: Limit = None,
           jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="runs in flight at once")] = None,
+          resume: Annotated[bool, typer.Option("--resume", help="continue the latest sweep of this playbook")] = False,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="show the plan; touch no host")] = False,
-          fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first failed run")] = False):
+          retries: Annotated[int, typer.Option(min=0, help="extra attempts after a transient failure")] = 1,
+          deadline: Annotated[Optional[str], typer.Option(help="HH:MM: start no run after this time")] = None,
+          fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first failed run")] = False,
+          lease: Annotated[float, typer.Option(min=2, help="seconds a server outlives a silent orchestrator")] = 60):
     """Run every configuration of PLAYBOOK on the inventory's hosts and compare them."""
-    from harness.executor import Executor
+    from harness.executor import Executor, parse_deadline
     from harness.plan import load_sweep
     from harness.report.compare import collect, table
+    from harness.report.live import Display
+    from harness.results import latest_sweep
 
+    until = None
+    if deadline:
+        try:
+            until = parse_deadline(deadline)
+        except ValueError:
+            raise InputError(f"expected HH:MM, got {deadline!r}", key="--deadline") from None
     sw = load_sweep(playbook, inventory, limit=limit)
+    if resume:
+        sw.sweep_id = latest_sweep(output, sw.playbook.name).name
     if dry_run:
         return _print_plan(sw, "table")
-    out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}")
-    outcome = Executor(sw, output, jobs=jobs, log=lambda m: err.print(m, highlight=False, markup=False),
-                       fail_fast=fail_fast, argv=sys.argv[1:]).run()
+    out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}"
+              + (" (resumed)" if resume else ""))
+    outcome = Executor(sw, output, jobs=jobs, display=Display(err), fail_fast=fail_fast, retries=retries,
+                       deadline=until, lease_s=lease, resume=resume, argv=sys.argv[1:]).run()
     if outcome.manifests:
         out.print(table(collect([outcome.sweep_dir]), title=f"{sw.sweep_id}"))
     out.print(f"results: {outcome.sweep_dir}")
     if outcome.interrupted:
         raise typer.Exit(130)
+    if outcome.fatal:
+        err.print(f"[red]error:[/] {outcome.fatal}")
+        raise typer.Exit(1)
     if outcome.failed:
         err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
         raise typer.Exit(1)
@@ -173,6 +191,19 @@ def compare(results: list[Path],
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
     else:
         raise InputError(f"unknown format {format!r}: table, json, csv or markdown", key="--format")
+
+
+@app.command()
+@exits
+def status(results: Path, format: Format = "table"):
+    """Progress of a sweep, running or finished, from its journal."""
+    from harness.report.status import render, sweep_status
+
+    state = sweep_status(results)
+    if format == "json":
+        print(json.dumps(state, indent=2))
+    else:
+        out.print(render(state))
 
 
 def main() -> None:

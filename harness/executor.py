@@ -1,34 +1,50 @@
-"""Scheduling a sweep's runs over its hosts, journaling every state change, cleaning up on interrupt.
+"""Scheduling a sweep's runs over its hosts so that it survives a night alone.
 
-One worker thread per host, each with its own connection (a shared SFTP client deadlocks across
-threads: paramiko #718); `--jobs` bounds how many runs are in flight at once. With `placement: pool`
-a run goes to whichever of its hosts frees up first; with `each` it is pinned to its host. A host that
-cannot be reached is set aside and its pool runs go to the others.
+- One worker thread per host, each with its own connection (a shared SFTP client deadlocks across
+  threads: paramiko #718); `--jobs` bounds how many runs are in flight at once. With `placement: pool`
+  a run goes to whichever of its hosts frees up first; with `each` it is pinned to its host.
+- Every state change is appended to the journal (fsync) before anything else happens, so a kill at
+  any instant loses at most the runs in flight, and `--resume` knows exactly which those were.
+- Transient failures (unreachable, timeout, collect, server_died) are retried with exponential
+  backoff and jitter (tenacity); host-key and auth failures never are. A host that cannot be reached
+  is set aside and retried with backoff while its pool runs go to the other hosts.
+- A heartbeat renews every running server's lease; the watchdog beside each server stops it when the
+  lease lapses, so a killed orchestrator leaves no server holding a GPU. At connect, servers of earlier
+  sweeps whose lease lapsed are reaped.
+- `--deadline` stops starting runs; Ctrl-C and SIGTERM stop every running server before exiting.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import random
 import shlex
+import shutil
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+
+import tenacity
 
 import harness
 from harness.config.inventory import Host
 from harness.errors import HarnessError
-from harness.journal import Journal
+from harness.journal import FINAL, Journal, latest_states
 from harness.lifecycle.context import REMOTE_TOOLS, TOOLS_DIR, RunContext
 from harness.lifecycle.run import execute
 from harness.lifecycle.server import stop_command
-from harness.plan import RunSpec, Sweep
-from harness.results import write_json, write_summary
+from harness.plan import RunPaths, RunSpec, Sweep
+from harness.report.live import Display
+from harness.results import read_json, write_json, write_summary
 from harness.transport import connect
 
-Log = Callable[[str], None]
+TRANSIENT = frozenset({"unreachable", "timeout", "collect", "server_died"})
+FATAL_HOST = frozenset({"host_key", "auth"})
+HOST_ATTEMPTS = 6               # connection attempts before a host is given up for this sweep
+HOST_BACKOFF_S = (5.0, 300.0)   # first and largest wait between them
 
 
 @dataclass
@@ -36,10 +52,27 @@ class Outcome:
     sweep_dir: Path
     manifests: list[dict] = field(default_factory=list)
     interrupted: bool = False
+    fatal: str | None = None
 
     @property
     def failed(self) -> list[dict]:
-        return [m for m in self.manifests if m["status"] != "ok"]
+        return [m for m in self.manifests if m["status"] == "failed"]
+
+
+@dataclass
+class HostState:
+    host: Host
+    transport: object = None
+    attempts: int = 0               # failed connection attempts in a row
+    error: HarnessError | None = None
+    dead: bool = False
+
+
+class Transient(Exception):
+    """A run attempt that failed in a way worth another try."""
+
+    def __init__(self, manifest: dict):
+        self.manifest = manifest
 
 
 def tools_dir(host: Host) -> str:
@@ -47,20 +80,37 @@ def tools_dir(host: Host) -> str:
     return f"{host.workdir.rstrip('/')}/.harness/{harness.__version__}-{digest}"
 
 
+def parse_deadline(text: str, now: dt.datetime | None = None) -> dt.datetime:
+    """The next local time HH:MM (today, or tomorrow if it has passed)."""
+    now = now or dt.datetime.now()
+    hour, minute = (int(x) for x in text.split(":"))
+    when = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    return when if when > now else when + dt.timedelta(days=1)
+
+
 class Executor:
-    def __init__(self, sweep: Sweep, results: Path, *, jobs: int | None = None, log: Log = print,
-                 fail_fast: bool = False, argv: list[str] | None = None):
-        self.sweep, self.log, self.fail_fast = sweep, log, fail_fast
+    def __init__(self, sweep: Sweep, results: Path, *, jobs: int | None = None, display: Display | None = None,
+                 fail_fast: bool = False, retries: int = 1, deadline: dt.datetime | None = None,
+                 lease_s: float = 60.0, resume: bool = False, argv: list[str] | None = None):
+        self.sweep, self.fail_fast, self.retries = sweep, fail_fast, retries
+        self.deadline, self.lease_s, self.argv = deadline, lease_s, argv or []
+        self.display = display or Display(None)
         self.sweep_dir = Path(results) / sweep.sweep_id
         self.journal = Journal(self.sweep_dir / "journal.jsonl")
         self.slots = threading.Semaphore(jobs or len(sweep.hosts))
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.todo: list[RunSpec] = list(sweep.runs)
+        self.hosts = {h.name: HostState(h) for h in sweep.hosts}
         self.in_flight: dict[str, RunContext] = {}
-        self.down: dict[str, HarnessError] = {}
+        self.attempts: dict[str, int] = {}
         self.outcome = Outcome(self.sweep_dir)
-        self.argv = argv or []
+        self.todo: list[RunSpec] = self._resume() if resume else list(sweep.runs)
+        self.started = time.time()
+        if resume:
+            try:
+                self.started = read_json(self.sweep_dir / "sweep.json")["started"]
+            except (OSError, ValueError, KeyError):
+                pass
 
     # --- the sweep ---------------------------------------------------------------------------------
 
@@ -68,11 +118,14 @@ class Executor:
         self._write_sweep_json(finished=None)
         for spec in self.todo:
             self.journal.append(spec.run_id, "pending", config=spec.config.name)
-        workers = [threading.Thread(target=self._worker, args=(h,), name=f"worker-{h.name}", daemon=True)
-                   for h in self.sweep.hosts]
+        self.display.start(total=len(self.sweep.runs), done=len(self.outcome.manifests),
+                           hosts=list(self.hosts))
+        workers = [threading.Thread(target=self._worker, args=(s,), name=f"worker-{n}", daemon=True)
+                   for n, s in self.hosts.items()]
+        heartbeat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
         try:
-            for w in workers:
+            for w in [*workers, heartbeat]:
                 w.start()
             for w in workers:
                 while w.is_alive():
@@ -80,103 +133,236 @@ class Executor:
         except KeyboardInterrupt:
             self._interrupt()
         finally:
+            self.stop.set()
+            self.display.stop()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        self._fail_unplaced()
+        self._settle_leftovers()
         write_summary(self.sweep_dir)
         self._write_sweep_json(finished=time.time())
         return self.outcome
 
-    def _next_run(self, host: Host) -> RunSpec | None:
+    def _take(self, state: HostState) -> RunSpec | None:
+        """The next run this host may take; None when there is none, or no more may start."""
         with self.lock:
+            if self.stop.is_set() or (self.deadline and dt.datetime.now() >= self.deadline):
+                return None
             for i, spec in enumerate(self.todo):
-                if any(h.name == host.name for h in spec.hosts):
+                if any(h.name == state.host.name for h in spec.hosts):
                     return self.todo.pop(i)
         return None
 
-    def _worker(self, host: Host) -> None:
-        transport = None
+    def _give_back(self, spec: RunSpec) -> None:
+        with self.lock:
+            self.todo.insert(0, spec)
+
+    def _worker(self, state: HostState) -> None:
         try:
-            while not self.stop.is_set():
-                spec = self._next_run(host)
-                if spec is None:
-                    return
-                if transport is None:
-                    try:
-                        transport = self._connect(host)
-                    except HarnessError as e:
-                        self.log(f"[{host.name}] set aside: {e}")
-                        with self.lock:
-                            self.down[host.name] = e
-                            self.todo.insert(0, spec)
+            while (spec := self._take(state)) is not None:
+                if state.transport is None and not self._open(state):
+                    self._give_back(spec)
+                    if state.dead or not self._wait(self._host_backoff(state)):
                         return
+                    continue
                 with self.slots:
                     if self.stop.is_set():
-                        with self.lock:
-                            self.todo.insert(0, spec)
+                        self._give_back(spec)
                         return
-                    self._run_one(spec, host, transport)
+                    self._run(spec, state)
+        except OSError as e:  # the local disk (results) failed us: nothing more can be recorded safely
+            self.outcome.fatal = f"cannot write results in {self.sweep_dir}: {e}"
+            self.display.log(self.outcome.fatal)
+            self.stop.set()
         finally:
-            if transport is not None:
-                transport.close()
+            if state.transport is not None:
+                state.transport.close()
 
-    def _connect(self, host: Host):
-        transport = connect(host.spec())
-        remote = tools_dir(host)
-        transport.run(f"mkdir -p {shlex.quote(remote)}", timeout=60)
-        for name in REMOTE_TOOLS:
-            transport.put((TOOLS_DIR / name).read_bytes(), f"{remote}/{name}", mode=0o644)
-        return transport
+    def _open(self, state: HostState) -> bool:
+        """Connect, upload the agent and client, reap servers of earlier sweeps whose lease lapsed."""
+        host = state.host
+        try:
+            transport = connect(host.spec())
+            remote = tools_dir(host)
+            transport.run(f"mkdir -p {shlex.quote(remote)}", timeout=60)
+            for name in REMOTE_TOOLS:
+                transport.put((TOOLS_DIR / name).read_bytes(), f"{remote}/{name}")
+            python = host.venv + "/bin/python"
+            reaped = transport.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
+                                   f"{shlex.quote(remote + '/agent.py')} reap --workdir "
+                                   f"{shlex.quote(host.workdir)} --lease-s {self.lease_s}",
+                                   timeout=120, check=False).stdout
+            if '"pid"' in reaped:
+                self.display.log(f"[{host.name}] stopped servers left by an earlier sweep: {reaped.strip()}")
+        except HarnessError as e:
+            state.attempts += 1
+            state.error = e
+            state.dead = e.kind in FATAL_HOST or state.attempts >= HOST_ATTEMPTS
+            self.display.log(f"[{host.name}] set aside{' for this sweep' if state.dead else ''}: "
+                             f"{self.sweep.redactor.text(str(e))}")
+            self.display.host(host.name, "down" if not state.dead else f"dead: {e.kind}")
+            return False
+        state.transport, state.attempts, state.error = transport, 0, None
+        self.display.host(host.name, "idle")
+        return True
 
-    def _run_one(self, spec: RunSpec, host: Host, transport) -> None:
+    def _host_backoff(self, state: HostState) -> float:
+        first, most = HOST_BACKOFF_S
+        return min(most, first * 2 ** (state.attempts - 1)) * random.uniform(0.75, 1.25)
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep unless the sweep stops; False if it did."""
+        return not self.stop.wait(seconds)
+
+    # --- one run, with retries ---------------------------------------------------------------------
+
+    def _run(self, spec: RunSpec, state: HostState) -> None:
+        attempts = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.retries + 1),
+            wait=tenacity.wait_exponential_jitter(initial=2, max=60),
+            retry=tenacity.retry_if_exception_type(Transient),
+            sleep=lambda s: self.stop.wait(s), reraise=True)
+        try:
+            manifest = attempts(self._attempt, spec, state)
+        except Transient as t:
+            manifest = t.manifest
+            error = manifest["error"]
+            if error["kind"] == "unreachable" and self._others_alive(spec, state):
+                # the host went away under us: set it aside, let another host run this again
+                state.transport, state.attempts = None, state.attempts + 1
+                self.journal.append(spec.run_id, "retry", host=state.host.name, error_kind="unreachable")
+                self._give_back(spec)
+                return
+        self._finish(spec, state, manifest)
+
+    def _attempt(self, spec: RunSpec, state: HostState) -> dict:
+        host = state.host
+        with self.lock:
+            attempt = self.attempts[spec.run_id] = self.attempts.get(spec.run_id, 0) + 1
         local_dir = self.sweep_dir / "runs" / spec.run_id
-        local_dir.mkdir(parents=True, exist_ok=True)
-        ctx = RunContext(self.sweep, spec, host, transport, self.sweep.render(spec, host), local_dir,
-                         tools_dir(host), on_phase=lambda p: self._phase(spec, host, p))
+        shutil.rmtree(local_dir, ignore_errors=True)  # a partial earlier attempt: never mixed into this one
+        local_dir.mkdir(parents=True)
+        ctx = RunContext(self.sweep, spec, host, state.transport, self.sweep.render(spec, host), local_dir,
+                         tools_dir(host), lease_s=self.lease_s,
+                         on_phase=lambda p: self.display.phase(host.name, spec.run_id, p))
+        ctx.record["attempts"] = attempt
+        if attempt > 1:
+            ctx.sh(f"rm -rf {shlex.quote(ctx.paths.root)}", timeout=120, check=False)
         with self.lock:
             self.in_flight[spec.run_id] = ctx
-        self.journal.append(spec.run_id, "running", host=host.name)
-        self.log(f"[{host.name}] {spec.run_id}: started")
-        manifest = execute(ctx)
-        with self.lock:
-            self.in_flight.pop(spec.run_id, None)
-            if self.stop.is_set() and manifest["status"] != "ok":
-                return  # torn down by the interrupt; journaled there
-            self.outcome.manifests.append(manifest)
+        self.journal.append(spec.run_id, "running", host=host.name, attempt=attempt)
+        try:
+            manifest = execute(ctx)
+        finally:
+            with self.lock:
+                self.in_flight.pop(spec.run_id, None)
         error = manifest.get("error") or {}
-        self.journal.append(spec.run_id, manifest["status"], host=host.name, error_kind=error.get("kind"))
-        self.log(f"[{host.name}] {spec.run_id}: {manifest['status']}"
-                 + (f" ({error.get('kind')}: {error.get('message')})" if error else ""))
+        if error.get("kind") in TRANSIENT and not self.stop.is_set():
+            self.display.log(f"[{host.name}] {spec.run_id}: attempt {attempt} failed "
+                             f"({error['kind']}: {error['message']})")
+            raise Transient(manifest)
+        return manifest
+
+    def _others_alive(self, spec: RunSpec, state: HostState) -> bool:
+        return any(h.name != state.host.name and not self.hosts[h.name].dead for h in spec.hosts)
+
+    def _finish(self, spec: RunSpec, state: HostState, manifest: dict) -> None:
+        if self.stop.is_set() and manifest["status"] != "ok":
+            return  # torn down by the interrupt, which journals it
+        error = manifest.get("error") or {}
+        self.journal.append(spec.run_id, manifest["status"], host=state.host.name,
+                            error_kind=error.get("kind"), attempts=manifest.get("attempts"))
+        with self.lock:
+            self.outcome.manifests.append(manifest)
+        self.display.done(manifest)
         if manifest["status"] != "ok" and self.fail_fast:
+            self.display.log("--fail-fast: no further runs start")
             self.stop.set()
 
-    def _phase(self, spec: RunSpec, host: Host, phase: str) -> None:
-        self.log(f"[{host.name}] {spec.run_id}: {phase}")
+    # --- leases ---------------------------------------------------------------------------------------
 
-    def _fail_unplaced(self) -> None:
-        """Runs that no host could take: every one of their hosts was set aside."""
+    def _heartbeat(self) -> None:
+        """Renew the lease of every running server, over a connection of its own per host."""
+        links: dict[str, object] = {}
+        interval = max(1.0, self.lease_s / 4)
+        while not self.stop.wait(interval):
+            with self.lock:
+                by_host: dict[str, list[str]] = {}
+                for ctx in self.in_flight.values():
+                    by_host.setdefault(ctx.host.name, []).append(ctx.paths.lease)
+            for name, leases in by_host.items():
+                try:
+                    link = links.get(name) or links.setdefault(name, connect(self.hosts[name].host.spec()))
+                    link.run("touch -c " + " ".join(map(shlex.quote, leases)), timeout=interval, check=False)
+                except HarnessError:
+                    dropped = links.pop(name, None)
+                    if dropped is not None:
+                        dropped.close()
+        for link in links.values():
+            link.close()
+
+    # --- resume and the end -----------------------------------------------------------------------
+
+    def _resume(self) -> list[RunSpec]:
+        """The runs still to do; finished runs keep their files, runs in flight are reconciled."""
+        states = latest_states(self.journal.path)
+        todo = []
+        for spec in self.sweep.runs:
+            last = states.get(spec.run_id, {})
+            if last.get("state") in FINAL:
+                try:
+                    self.outcome.manifests.append(read_json(self.sweep_dir / "runs" / spec.run_id /
+                                                            "manifest.json"))
+                    continue
+                except (OSError, ValueError):
+                    pass  # journaled as finished but its manifest is gone: run it again
+            if last.get("state") in ("running", "interrupted") and last.get("host") in self.hosts:
+                self._reconcile(spec, self.hosts[last["host"]].host)
+            shutil.rmtree(self.sweep_dir / "runs" / spec.run_id, ignore_errors=True)
+            todo.append(spec)
+        return todo
+
+    def _reconcile(self, spec: RunSpec, host: Host) -> None:
+        """A run that was in flight when the orchestrator stopped: stop its server, drop its files."""
+        paths = RunPaths.of(host, self.sweep.sweep_id, spec.run_id)
+        command = (f"if [ -f {shlex.quote(paths.pid_file)} ]; then {shlex.quote(host.venv + '/bin/python')} "
+                   f"{shlex.quote(tools_dir(host) + '/agent.py')} stop --pid-file {shlex.quote(paths.pid_file)} "
+                   f"--port 1 --timeout 20; fi; rm -rf {shlex.quote(paths.root)}")
+        try:
+            link = connect(host.spec())
+            try:
+                link.run(command, timeout=120, check=False)
+            finally:
+                link.close()
+        except HarnessError as e:  # its watchdog stops it when the lease lapses
+            self.display.log(f"[{host.name}] could not reconcile {spec.run_id}: {e}")
+
+    def _settle_leftovers(self) -> None:
+        """Runs never started: skipped (deadline, fail-fast, interrupt) or failed (no host could take them)."""
         for spec in self.todo:
-            reasons = [self.down[h.name] for h in spec.hosts if h.name in self.down]
-            if self.outcome.interrupted or not reasons:
-                self.journal.append(spec.run_id, "skipped" if not reasons else "failed")
-                continue
-            err = reasons[0]
-            manifest = {"schema": "harness.run/1", "run_id": spec.run_id, "sweep_id": self.sweep.sweep_id,
-                        "config": {"name": spec.config.name}, "host": {"name": spec.hosts[0].name},
-                        "engine": self.sweep.engine.name, "status": "failed",
-                        "error": {"kind": err.kind, "message": self.sweep.redactor.text(str(err))},
-                        "attempts": 0, "phases": {}, "harness_version": harness.__version__}
-            write_json(self.sweep_dir / "runs" / spec.run_id / "manifest.json", manifest)
-            self.outcome.manifests.append(manifest)
-            self.journal.append(spec.run_id, "failed", error_kind=err.kind)
+            reasons = [self.hosts[h.name].error for h in spec.hosts if self.hosts[h.name].dead]
+            if reasons and len(reasons) == len(spec.hosts) and not self.outcome.interrupted:
+                err = reasons[0]
+                self._write_unrun(spec, "failed", {"kind": err.kind,
+                                                   "message": self.sweep.redactor.text(str(err))})
+            elif not self.outcome.interrupted:
+                why = ("the deadline passed" if self.deadline and dt.datetime.now() >= self.deadline
+                       else "the sweep stopped early")
+                self._write_unrun(spec, "skipped", None, why)
 
-    # --- interrupt --------------------------------------------------------------------------------
+    def _write_unrun(self, spec: RunSpec, status: str, error: dict | None, why: str | None = None) -> None:
+        manifest = {"schema": "harness.run/1", "run_id": spec.run_id, "sweep_id": self.sweep.sweep_id,
+                    "config": {"name": spec.config.name}, "host": {"name": spec.hosts[0].name},
+                    "engine": self.sweep.engine.name, "status": status, "error": error, "skipped": why,
+                    "attempts": 0, "phases": {}, "harness_version": harness.__version__}
+        write_json(self.sweep_dir / "runs" / spec.run_id / "manifest.json", manifest)
+        self.outcome.manifests.append(manifest)
+        self.journal.append(spec.run_id, status, error_kind=error and error["kind"], reason=why)
 
     def _interrupt(self) -> None:
         """Ctrl-C or SIGTERM: stop starting runs, stop every running server, flush the journal."""
         self.stop.set()
         self.outcome.interrupted = True
-        self.log("interrupted: stopping the servers of the runs in flight")
+        self.display.log("interrupted: stopping the servers of the runs in flight")
         with self.lock:
             in_flight = list(self.in_flight.values())
         for ctx in in_flight:
@@ -187,7 +373,7 @@ class Executor:
                 finally:
                     stopper.close()
             except HarnessError as e:
-                self.log(f"[{ctx.host.name}] could not stop {ctx.run.run_id}: {e}")
+                self.display.log(f"[{ctx.host.name}] could not stop {ctx.run.run_id}: {e}")
             self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name)
 
     def _write_sweep_json(self, finished: float | None) -> None:
@@ -199,8 +385,7 @@ class Executor:
             "hosts": [h.public(redact) for h in sweep.hosts],
             "runs": [{"run_id": r.run_id, "config": r.config.name, "hosts": [h.name for h in r.hosts]}
                      for r in sweep.runs],
-            "argv": self.argv, "started": self.__dict__.setdefault("_started", time.time()),
-            "finished": finished}))
+            "argv": self.argv, "started": self.started, "finished": finished}))
 
 
 def _main_thread() -> bool:

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-STATES = ("pending", "running", "ok", "failed", "skipped", "interrupted")
-FINAL = ("ok", "failed", "skipped")
+STATES = ("pending", "running", "retry", "ok", "failed", "skipped", "interrupted")
+FINAL = ("ok", "failed")   # what --resume leaves alone; skipped runs (deadline, fail-fast) run on resume
 
 
 class Journal:

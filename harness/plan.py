@@ -46,7 +46,7 @@ class RunPaths:
         return cls(f"{host.workdir.rstrip('/')}/{sweep_id}/{run_id}")
 
     def __getattr__(self, name: str) -> str:
-        files = {"launch": "launch.sh", "log": "server.log", "pid_file": "server.pid",
+        files = {"launch": "launch.sh", "log": "server.log", "pid_file": "server.pid", "lease": "lease",
                  "secrets_file": ".secrets.env", "profile_dir": "profile", "facts_dir": "facts",
                  "bench_json": "bench.json"}
         if name in files:

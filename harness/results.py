@@ -103,3 +103,19 @@ def find_sweeps(path: Path) -> list[Path]:
     if (path / "sweep.json").exists() or (path / "runs").is_dir():
         return [path]
     return sorted(p.parent for p in path.glob("*/sweep.json"))
+
+
+def latest_sweep(results: Path, name: str) -> Path:
+    """The most recently started sweep of playbook `name` under `results` (what --resume continues)."""
+    from harness.errors import InputError
+    candidates = []
+    for sweep_dir in find_sweeps(results):
+        try:
+            info = read_json(sweep_dir / "sweep.json")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if info.get("playbook", {}).get("name") == name:
+            candidates.append((info.get("started") or 0, sweep_dir))
+    if not candidates:
+        raise InputError(f"no earlier sweep of playbook {name!r} to resume in {results}", key="--resume")
+    return max(candidates)[1]

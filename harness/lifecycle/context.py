@@ -28,6 +28,7 @@ class RunContext:
     rendered: Rendered
     local_dir: Path
     tools_dir: str                               # where agent.py and bench.py live on the host
+    lease_s: float = 60.0                        # the watchdog stops the server when not renewed this long
     on_phase: Callable[[str], None] = lambda phase: None
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     record: dict[str, Any] = field(default_factory=dict)   # what stages add to the manifest

@@ -23,11 +23,15 @@ def launch(ctx: RunContext) -> int:
         secrets = "".join(f"{k}={q(v)}\n" for k, v in ctx.rendered.secret_env.items())
         ctx.transport.put(secrets.encode(), paths.secrets_file, mode=0o600)
     root = q(paths.root)
-    # the wrapper writes its own pid: after setsid it leads the session and the process group, whether
-    # or not setsid had to fork to get there
-    command = (f"cd {root} && rm -f server.exit server.pid && "
+    # The wrapper writes its own pid: after setsid it leads the session and the process group, whether
+    # or not setsid had to fork to get there. The watchdog beside it stops that group when the lease
+    # (touched by the orchestrator's heartbeat) lapses, so a dead orchestrator leaves no orphan.
+    watch = ctx.agent_command("watch", "--pid-file", paths.pid_file, "--lease", paths.lease,
+                              "--lease-s", ctx.lease_s)
+    command = (f"cd {root} && rm -f server.exit server.pid watchdog.pid && touch lease && "
                "{ setsid bash -c 'echo $$ >server.pid; bash launch.sh >server.log 2>&1 </dev/null; "
                "echo $? >server.exit' >/dev/null 2>&1 </dev/null & } && "
+               f"{{ setsid {watch} >watchdog.log 2>&1 </dev/null & }} && "
                "for _ in $(seq 100); do [ -s server.pid ] && break; sleep 0.05; done; cat server.pid")
     pid = int(ctx.sh(command, timeout=60).stdout.split()[-1])
     ctx.record["server_pid"] = pid

@@ -8,6 +8,8 @@ object on stdout, so the orchestrator needs one SSH command per step instead of 
     profile  --protocol sglang|vllm --url U --dir D ...   start the engine profiler, keep traffic
                                                       flowing, await every rank's trace file
     stop     --pid-file F --port P --timeout S        kill the server's process group, confirm the port closed
+    watch    --pid-file F --lease L --lease-s S       beside the server: kill it when the lease lapses
+    reap     --workdir W --lease-s S                  stop servers of earlier sweeps whose lease lapsed
 
 Python >= 3.9, no third-party imports: it must run in whatever venv the host has.
 """
@@ -186,21 +188,30 @@ def cmd_wait(a) -> int:
         time.sleep(a.interval)
 
 
+def stop_group(pgid: int | None, timeout: float) -> str | None:
+    """SIGTERM the process group, SIGKILL what is left after half the timeout; the last signal sent."""
+    sent = None
+    if not pgid or not group_alive(pgid):
+        return sent
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        sent = sig.name
+        deadline = time.monotonic() + timeout / 2
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.1)
+        if not group_alive(pgid):
+            break
+    return sent
+
+
 def cmd_stop(a) -> int:
     pid = read_pid(a.pid_file)
-    out: dict = {"pid": pid, "was_running": bool(pid and pid_alive(pid)), "signal": None}
-    if out["was_running"]:
-        for sig, grace in ((signal.SIGTERM, a.timeout / 2), (signal.SIGKILL, a.timeout / 2)):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            out["signal"] = sig.name
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and group_alive(pid):
-                time.sleep(0.1)
-            if not group_alive(pid):
-                break
+    out: dict = {"pid": pid, "was_running": bool(pid and group_alive(pid))}
+    out["signal"] = stop_group(pid, a.timeout)
+    stop_group(read_pid(os.path.join(os.path.dirname(a.pid_file), "watchdog.pid")), 5)
     deadline = time.monotonic() + a.timeout
     while port_open(a.bind, a.port) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -222,6 +233,50 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+def lease_age(path: str) -> float:
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return float("inf")
+
+
+def cmd_watch(a) -> int:
+    """Beside every server: kill its process group when the orchestrator's lease lapses.
+
+    The orchestrator touches the lease file every few seconds; if it dies, loses the network or
+    sleeps, the touches stop and the GPUs are freed `lease_s` later instead of never.
+    """
+    run_dir = os.path.dirname(os.path.abspath(a.pid_file))
+    with open(os.path.join(run_dir, "watchdog.pid"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    deadline = time.monotonic() + 60
+    while read_pid(a.pid_file) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pgid = read_pid(a.pid_file)
+    while pgid and group_alive(pgid):
+        age = lease_age(a.lease)
+        if age > a.lease_s:
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} lease {a.lease} not renewed for {age:.0f} s "
+                  f"(limit {a.lease_s:g} s): stopping server process group {pgid}", flush=True)
+            print(f"sent {stop_group(pgid, 30)}", flush=True)
+            return 0
+        time.sleep(min(1.0, a.lease_s / 10))
+    return 0
+
+
+def cmd_reap(a) -> int:
+    """Stop servers and watchdogs of earlier sweeps under `workdir` whose lease has lapsed."""
+    stopped = []
+    for pid_file in glob.glob(os.path.join(a.workdir, "*", "*", "server.pid")):
+        run_dir = os.path.dirname(pid_file)
+        pgid = read_pid(pid_file)
+        if not pgid or not group_alive(pgid) or lease_age(os.path.join(run_dir, "lease")) <= a.lease_s:
+            continue
+        stopped.append({"run_dir": run_dir, "pid": pgid, "signal": stop_group(pgid, 30)})
+        stop_group(read_pid(os.path.join(run_dir, "watchdog.pid")), 5)
+    return emit({"stopped": stopped})
 
 
 # --- profile capture ------------------------------------------------------------------------------
@@ -368,8 +423,17 @@ def main(argv=None) -> int:
     f.add_argument("--timeout", type=float, default=600.0)
     f.add_argument("--stable-s", type=float, default=1.0)
     f.add_argument("--step-hint-s", type=float, default=2.0, help="vLLM: traffic time between start and stop")
+    wd = sub.add_parser("watch")
+    wd.add_argument("--pid-file", required=True)
+    wd.add_argument("--lease", required=True)
+    wd.add_argument("--lease-s", type=float, default=60.0)
+    r = sub.add_parser("reap")
+    r.add_argument("--workdir", required=True)
+    r.add_argument("--lease-s", type=float, default=60.0)
     a = p.parse_args(argv)
-    return {"probe": cmd_probe, "wait": cmd_wait, "stop": cmd_stop, "profile": cmd_profile}[a.cmd](a)
+    commands = {"probe": cmd_probe, "wait": cmd_wait, "stop": cmd_stop, "profile": cmd_profile,
+                "watch": cmd_watch, "reap": cmd_reap}
+    return commands[a.cmd](a)
 
 
 if __name__ == "__main__":

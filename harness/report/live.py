@@ -1,0 +1,96 @@
+"""What a sweep shows while it runs: a live table of hosts on a terminal, plain log lines elsewhere.
+
+On a terminal (rich Live): every host with its current run, phase and time in phase, and a footer with
+progress, failures and an ETA from the mean duration of finished runs. Without one (CI, `nohup`, a
+pipe): one line per event, so a log file reads as a story.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+
+class Display:
+    def __init__(self, console: Console | None):
+        self.console = console
+        self.live_mode = bool(console and console.is_terminal)
+        self.lock = threading.Lock()
+        self.hosts: dict[str, tuple[str, str, float]] = {}     # host -> (run, phase, since)
+        self.total = self.done_count = self.failed = 0
+        self.durations: list[float] = []
+        self.started = time.monotonic()
+        self._live: Live | None = None
+
+    def start(self, *, total: int, done: int, hosts: list[str]) -> None:
+        self.total, self.done_count = total, done
+        now = time.monotonic()
+        self.hosts = {h: ("", "idle", now) for h in hosts}
+        if self.live_mode:
+            self._live = Live(get_renderable=self._render, console=self.console, refresh_per_second=4,
+                              transient=False)
+            self._live.start()
+
+    def stop(self) -> None:
+        if self._live:
+            self._live.stop()
+            self._live = None
+
+    def log(self, message: str) -> None:
+        if self.console is None:
+            return
+        try:
+            self.console.print(message, markup=False, highlight=False)
+        except OSError:  # the reader went away (a closed pipe): the sweep goes on, silently
+            self.console = None
+
+    def host(self, host: str, status: str) -> None:
+        with self.lock:
+            self.hosts[host] = ("", status, time.monotonic())
+        if not self.live_mode and status != "idle":
+            self.log(f"[{host}] {status}")
+
+    def phase(self, host: str, run_id: str, phase: str) -> None:
+        with self.lock:
+            self.hosts[host] = (run_id, phase, time.monotonic())
+        if not self.live_mode:
+            self.log(f"[{host}] {run_id}: {phase}")
+
+    def done(self, manifest: dict) -> None:
+        host = (manifest.get("host") or {}).get("name", "?")
+        seconds = sum(p.get("seconds", 0) for p in (manifest.get("phases") or {}).values())
+        with self.lock:
+            self.done_count += 1
+            self.failed += manifest["status"] == "failed"
+            if seconds:
+                self.durations.append(seconds)
+            self.hosts[host] = ("", "idle", time.monotonic())
+        error = manifest.get("error") or {}
+        self.log(f"[{host}] {manifest['run_id']}: {manifest['status']} in {seconds:.0f} s"
+                 + (f" ({error.get('kind')}: {error.get('message')})" if error else ""))
+
+    def eta_s(self) -> float | None:
+        left = self.total - self.done_count
+        if not self.durations or left <= 0:
+            return None
+        busy = max(1, sum(1 for run, *_ in self.hosts.values() if run) or len(self.hosts))
+        return sum(self.durations) / len(self.durations) * left / busy
+
+    def _render(self):
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for col in ("host", "run", "phase", "for"):
+            table.add_column(col)
+        now = time.monotonic()
+        with self.lock:
+            for host, (run, phase, since) in self.hosts.items():
+                table.add_row(host, run or "-", phase, f"{now - since:.0f} s" if run else "")
+            eta = self.eta_s()
+            footer = (f"{self.done_count}/{self.total} runs done, {self.failed} failed, "
+                      f"{now - self.started:.0f} s elapsed"
+                      + (f", about {eta / 60:.0f} min left" if eta is not None else ""))
+        return Group(table, Text(footer, style="bold"))

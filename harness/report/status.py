@@ -1,0 +1,68 @@
+"""`harness status`: where a sweep stands, read from its journal alone (running or finished)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from harness.errors import InputError
+from harness.journal import read_journal
+from harness.results import find_sweeps, read_json
+
+STYLE = {"ok": "green", "failed": "red", "running": "yellow", "retry": "yellow", "interrupted": "magenta",
+         "skipped": "dim", "pending": "dim", "lost": "red"}
+
+
+def sweep_status(path: Path) -> dict:
+    sweeps = find_sweeps(path)
+    if not sweeps:
+        raise InputError("no sweep here (expected sweep.json and journal.jsonl)", file=str(path))
+    sweep_dir = max(sweeps, key=lambda d: (d / "sweep.json").stat().st_mtime if (d / "sweep.json").exists() else 0)
+    info = read_json(sweep_dir / "sweep.json") if (sweep_dir / "sweep.json").exists() else {}
+    runs: dict[str, dict] = {r["run_id"]: {"run_id": r["run_id"], "state": "pending", "config": r["config"]}
+                             for r in info.get("runs", [])}
+    for event in read_journal(sweep_dir / "journal.jsonl"):
+        run = runs.setdefault(event["run_id"], {"run_id": event["run_id"], "state": "pending"})
+        run["state"] = event["state"]
+        run["since"] = event["t"]
+        for key in ("host", "attempt", "error_kind", "reason"):
+            if event.get(key) is not None:
+                run[key] = event[key]
+        if event["state"] == "running":
+            run["started"] = event["t"]
+        if event["state"] in ("ok", "failed") and "started" in run:
+            run["seconds"] = event["t"] - run["started"]
+    if info.get("finished"):  # the sweep ended without hearing back from these: the process died
+        for run in runs.values():
+            if run["state"] in ("running", "retry"):
+                run["state"] = "lost"
+    counts: dict[str, int] = {}
+    for run in runs.values():
+        counts[run["state"]] = counts.get(run["state"], 0) + 1
+    durations = [r["seconds"] for r in runs.values() if "seconds" in r]
+    left = sum(counts.get(s, 0) for s in ("pending", "running", "retry", "interrupted"))
+    active = max(1, counts.get("running", 0))
+    eta = sum(durations) / len(durations) * left / active if durations and left and not info.get("finished") else None
+    return {"sweep_id": info.get("sweep_id", sweep_dir.name), "dir": str(sweep_dir), "started": info.get("started"),
+            "finished": info.get("finished"), "counts": counts, "runs": list(runs.values()), "eta_s": eta}
+
+
+def render(status: dict):
+    t = Table(title=f"{status['sweep_id']}", box=box.SIMPLE_HEAD, header_style="bold", title_justify="left")
+    for col in ("run", "state", "host", "attempt", "time", "note"):
+        t.add_column(col)
+    now = time.time()
+    for r in status["runs"]:
+        took = r.get("seconds") or (now - r["started"] if r["state"] == "running" and "started" in r else None)
+        t.add_row(r["run_id"], Text(r["state"], style=STYLE.get(r["state"], "")), r.get("host", ""),
+                  str(r.get("attempt", "")), f"{took:.0f} s" if took else "",
+                  r.get("error_kind") or r.get("reason") or "")
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(status["counts"].items()))
+    state = "finished" if status["finished"] else "running or stopped"
+    eta = f"; about {status['eta_s'] / 60:.0f} min left" if status["eta_s"] else ""
+    return Group(t, Text(f"{len(status['runs'])} runs: {counts} ({state}{eta})", style="bold"))
