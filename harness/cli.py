@@ -54,6 +54,8 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
           resume: Annotated[bool, typer.Option("--resume", help="continue the latest sweep of this playbook")] = False,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="show the plan; touch no host")] = False,
           retries: Annotated[int, typer.Option(min=0, help="extra attempts after a transient failure")] = 1,
+          host_retries: Annotated[int, typer.Option(min=0, help="reconnections to an unreachable host, "
+                                                    "with backoff from 5 s to 5 min")] = 5,
           deadline: Annotated[Optional[str], typer.Option(help="HH:MM: start no run after this time")] = None,
           fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first failed run")] = False,
           lease: Annotated[float, typer.Option(min=2, help="seconds a server outlives a silent orchestrator")] = 60):
@@ -78,7 +80,8 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}"
               + (" (resumed)" if resume else ""))
     outcome = Executor(sw, output, jobs=jobs, display=Display(err), fail_fast=fail_fast, retries=retries,
-                       deadline=until, lease_s=lease, resume=resume, argv=sys.argv[1:]).run()
+                       deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
+                       argv=sys.argv[1:]).run()
     if outcome.manifests:
         out.print(table(collect([outcome.sweep_dir]), title=f"{sw.sweep_id}"))
     out.print(f"results: {outcome.sweep_dir}")

@@ -43,8 +43,7 @@ from harness.transport import connect
 
 TRANSIENT = frozenset({"unreachable", "timeout", "collect", "server_died"})
 FATAL_HOST = frozenset({"host_key", "auth"})
-HOST_ATTEMPTS = 6               # connection attempts before a host is given up for this sweep
-HOST_BACKOFF_S = (5.0, 300.0)   # first and largest wait between them
+HOST_BACKOFF_S = (5.0, 300.0)   # first and largest wait between connection attempts to a host
 
 
 @dataclass
@@ -91,9 +90,11 @@ def parse_deadline(text: str, now: dt.datetime | None = None) -> dt.datetime:
 class Executor:
     def __init__(self, sweep: Sweep, results: Path, *, jobs: int | None = None, display: Display | None = None,
                  fail_fast: bool = False, retries: int = 1, deadline: dt.datetime | None = None,
-                 lease_s: float = 60.0, resume: bool = False, argv: list[str] | None = None):
+                 lease_s: float = 60.0, host_retries: int = 5, resume: bool = False,
+                 argv: list[str] | None = None):
         self.sweep, self.fail_fast, self.retries = sweep, fail_fast, retries
         self.deadline, self.lease_s, self.argv = deadline, lease_s, argv or []
+        self.host_attempts = host_retries + 1
         self.display = display or Display(None)
         self.sweep_dir = Path(results) / sweep.sweep_id
         self.journal = Journal(self.sweep_dir / "journal.jsonl")
@@ -196,7 +197,7 @@ class Executor:
         except HarnessError as e:
             state.attempts += 1
             state.error = e
-            state.dead = e.kind in FATAL_HOST or state.attempts >= HOST_ATTEMPTS
+            state.dead = e.kind in FATAL_HOST or state.attempts >= self.host_attempts
             self.display.log(f"[{host.name}] set aside{' for this sweep' if state.dead else ''}: "
                              f"{self.sweep.redactor.text(str(e))}")
             self.display.host(host.name, "down" if not state.dead else f"dead: {e.kind}")

@@ -27,7 +27,8 @@ def preflight(ctx: RunContext) -> dict:
                f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} && {probe}; echo {SEP}; "
                f"( {ctx.in_venv(engine.help_command)} ) 2>&1 | tail -c 2000000; "
                f"( {ctx.in_venv(collect_script(facts_for(engine), paths.facts_dir))} ) >/dev/null 2>&1; true")
-    out = ctx.sh(command, timeout=600).stdout
+    result = ctx.sh(command, timeout=600)
+    out = result.stdout
     if NO_VENV in out:
         raise ctx.fail("preflight", f"the venv {ctx.venv} does not exist on {ctx.host.name} (no "
                        f"{ctx.python}): create it there, or fix `venv:` for this host in the inventory")
@@ -36,7 +37,7 @@ def preflight(ctx: RunContext) -> dict:
         probe = json.loads(probe_text.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         raise ctx.fail("preflight", f"the venv python {ctx.python} on {ctx.host.name} could not run the "
-                       "harness agent", output=out) from None
+                       "harness agent", output=(probe_text + result.stderr)[-8000:]) from None
     if not probe["module_ok"]:
         raise ctx.fail("preflight", f"the venv {ctx.venv} on {ctx.host.name} cannot import "
                        f"{engine.module!r} ({probe.get('module_error')}): install it in that venv, or "

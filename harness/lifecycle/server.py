@@ -62,9 +62,11 @@ def wait_healthy(ctx: RunContext) -> float:
 
 
 def server_alive(ctx: RunContext) -> bool:
-    q = shlex.quote
-    out = ctx.sh(f"pid=$(cat {q(ctx.paths.pid_file)} 2>/dev/null) && kill -0 \"$pid\" 2>/dev/null "
-                 "&& echo alive || echo gone", timeout=30, check=False).stdout
+    """The launch wrapper still runs: no exit code written, and not a zombie (some inits never reap)."""
+    q, root = shlex.quote, ctx.paths.root
+    out = ctx.sh(f"cd {q(root)} && pid=$(cat server.pid) && [ ! -e server.exit ] && kill -0 \"$pid\" "
+                 "2>/dev/null && ! grep -q ') Z' \"/proc/$pid/stat\" && echo alive || echo gone",
+                 timeout=30, check=False).stdout
     return "alive" in out
 
 

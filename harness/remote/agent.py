@@ -113,8 +113,11 @@ def port_listeners(port: int) -> list[dict]:
             except OSError:
                 continue
             if link.startswith("socket:[") and link[8:-1] in inodes:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+                except OSError:  # it exited while we looked
+                    continue
                 holders.append({"pid": int(pid), "command": cmd[:300]})
                 break
     return holders or [{"pid": None, "command": "unknown (not visible to this user)"}]

@@ -1,0 +1,198 @@
+"""Faults a night alone brings (RELIABILITY.md's cases), with real sshd, real processes and real files.
+
+Each test names its case. The sweep runs as a user runs it: the `harness` command in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import harness
+from tests.e2e.test_sweep import manifests, playbook, sweep_dir
+
+
+def port_of(pb: Path) -> int:
+    return yaml.safe_load(pb.read_text())["server"]["port"]
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def journal(results: Path) -> list[dict]:
+    return [json.loads(line) for line in (sweep_dir(results) / "journal.jsonl").read_text().splitlines()]
+
+
+def start_sweep(pb: Path, inv: Path, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i", str(inv), "-o", str(out),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def two_hosts(ssh_inventory, tmp_path, **node2) -> Path:
+    """node1 as usual, node2 a copy of it with `node2` overrides (a closed port, a wrong key...)."""
+    inv = ssh_inventory()
+    data = yaml.safe_load(inv.read_text())
+    gpu = data["all"]["children"]["gpu"]["hosts"]
+    gpu["node2"] = {**gpu["node1"], "workdir": str(tmp_path / "remote-work-2"), **node2}
+    inv.write_text(yaml.safe_dump(data))
+    return inv
+
+
+def test_case2_a_changed_host_key_sets_that_host_aside_and_the_sweep_goes_on(tmp_path, ssh_inventory, sshd):
+    wrong = tmp_path / "wrong_known_hosts"
+    wrong.write_text(f"[{sshd.address}]:{sshd.port} ssh-ed25519 "
+                     "AAAAC3NzaC1lZDI1NTE5AAAAIOcWSk6oNYUqWjFmHqLYsaEJ3Go9qAyWxLOLTnzLdOGn\n")
+    inv = two_hosts(ssh_inventory, tmp_path, known_hosts=str(wrong))
+    run = harness("sweep", playbook(tmp_path, hosts="gpu", profile="none"), "-i", inv, "-o", tmp_path / "r")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert {m["host"]["name"] for m in manifests(tmp_path / "r").values()} == {"node1"}
+    assert run.stderr.count("[node2] set aside") == 1  # refused once, never retried
+    assert "CHANGED" in run.stderr
+
+
+def test_case3_an_unreachable_host_is_set_aside_with_bounded_backoff(tmp_path, ssh_inventory):
+    inv = two_hosts(ssh_inventory, tmp_path, port=1)
+    pb = playbook(tmp_path, hosts="gpu", profile="none", placement="each", configs=[{"name": "one"}])
+    run = harness("sweep", pb, "-i", inv, "-o", tmp_path / "r", "--host-retries", "1")
+    assert run.returncode == 1
+    runs = manifests(tmp_path / "r")
+    assert runs["one-node1-1"]["status"] == "ok"
+    assert runs["one-node2-1"]["status"] == "failed" and runs["one-node2-1"]["error"]["kind"] == "unreachable"
+    assert run.stderr.count("[node2] set aside") == 2  # the first attempt and one retry after a backoff
+
+
+def test_case10_a_killed_orchestrator_leaves_no_server_and_resume_reruns_only_the_unfinished(tmp_path,
+                                                                                            ssh_inventory):
+    pb = playbook(tmp_path, profile="none", configs=[
+        {"name": "first"}, {"name": "second", "env": {"HARNESS_SIM_TIME_SCALE": "1"}}])
+    inv, out = ssh_inventory(), tmp_path / "r"
+    proc = start_sweep(pb, inv, out, "--lease", "4")
+    assert wait_until(lambda: (out.exists() and any(out.glob("*/runs/first-1/manifest.json"))
+                               and listening(port_of(pb))), 120), proc.communicate(timeout=5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not listening(port_of(pb)), 60), "the watchdog did not stop the orphan"
+    first = sweep_dir(out) / "runs" / "first-1" / "manifest.json"
+    before = first.stat().st_mtime_ns
+    run = harness("sweep", pb, "-i", inv, "-o", out, "--resume")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert first.stat().st_mtime_ns == before  # finished runs are left alone
+    assert {k: m["status"] for k, m in manifests(out).items()} == {"first-1": "ok", "second-1": "ok"}
+    assert len(list(out.iterdir())) == 1  # the same sweep, continued
+    assert [e["run_id"] for e in journal(out) if e["state"] == "ok"] == ["first-1", "second-1"]
+
+
+def test_case12_killed_at_random_points_and_resumed_gives_the_exact_result_set(tmp_path, ssh_inventory):
+    configs = [{"name": f"c{i}"} for i in range(3)]
+    pb = playbook(tmp_path, profile="none", configs=configs)
+    inv, out = ssh_inventory(), tmp_path / "r"
+    rng = random.Random(12)
+    proc = start_sweep(pb, inv, out)
+    proc.wait()  # a clean run first, for the set of results to expect
+    expected = {k: m["status"] for k, m in manifests(out).items()}
+    out2 = tmp_path / "r2"
+    for kill in range(3):
+        proc = start_sweep(pb, inv, out2, *(["--resume"] if kill else []), "--lease", "3")
+        time.sleep(rng.uniform(1.0, 4.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    while True:  # resume until it finishes
+        run = harness("sweep", pb, "-i", inv, "-o", out2, "--resume", "--lease", "3")
+        if run.returncode == 0:
+            break
+        assert "no earlier sweep" not in run.stderr, run.stderr
+    assert {k: m["status"] for k, m in manifests(out2).items()} == expected
+    finished = [e["run_id"] for e in journal(out2) if e["state"] == "ok"]
+    assert sorted(finished) == sorted(set(finished)) == sorted(expected)  # each run done exactly once
+
+
+def test_case13_a_server_dying_mid_benchmark_fails_that_run_and_the_next_starts_clean(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, profile="none", configs=[
+        {"name": "crashy", "env": {"HARNESS_SIM_FAULT": "crash_after=2"}}, {"name": "fine"}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r", "--retries", "0")
+    assert run.returncode == 1
+    runs = manifests(tmp_path / "r")
+    assert runs["crashy-1"]["error"]["kind"] == "server_died"
+    assert (sweep_dir(tmp_path / "r") / "runs" / "crashy-1" / "server.log").exists()
+    assert runs["fine-1"]["status"] == "ok"
+
+
+def test_case13_transient_failures_are_retried_and_the_attempts_recorded(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, profile="none", configs=[
+        {"name": "crashy", "env": {"HARNESS_SIM_FAULT": "crash_after=2"}}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r", "--retries", "1")
+    assert run.returncode == 1
+    assert manifests(tmp_path / "r")["crashy-1"]["attempts"] == 2
+    assert [e.get("attempt") for e in journal(tmp_path / "r") if e["state"] == "running"] == [1, 2]
+
+
+def test_case14_health_that_never_passes_is_a_startup_timeout_with_the_log_tail(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, profile="none", configs=[{"name": "stuck", "env": {"HARNESS_SIM_FAULT": "never_healthy"}}])
+    data = yaml.safe_load(pb.read_text())
+    data["server"]["startup_timeout_s"] = 3
+    pb.write_text(yaml.safe_dump(data))
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    m = manifests(tmp_path / "r")["stuck-1"]
+    assert m["error"]["kind"] == "startup_timeout" and "503" in m["error"]["message"]
+    assert m["error"]["log_tail"] and "teardown" in m["phases"]
+    assert not listening(port_of(pb))
+
+
+def test_case16_a_port_in_use_is_named_in_preflight_and_nothing_is_launched(tmp_path, ssh_inventory):
+    pb = playbook(tmp_path, profile="none", configs=[{"name": "one"}])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port_of(pb)))
+        holder.listen()
+        run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    m = manifests(tmp_path / "r")["one-1"]
+    assert m["error"]["kind"] == "preflight" and f"pid {os.getpid()}" in m["error"]["message"]
+    assert "launch" not in m["phases"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}); CI runs as root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_case18_a_full_local_disk_accepts_nothing_half_written(tmp_path, ssh_inventory, small_disk):
+    pb = playbook(tmp_path, configs=[{"name": "big", "env": {"HARNESS_SIM_TRACE_MB": "2"}}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", small_disk)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    root = sweep_dir(small_disk)
+    assert not any(p.name.endswith(".tmp") for p in root.rglob("*"))
+    states = [e["state"] for e in journal(small_disk)]
+    assert "ok" not in states  # the journal never claims what the disk could not hold
+    for m in root.glob("runs/*/manifest.json"):
+        json.loads(m.read_text())  # whatever is there is whole
