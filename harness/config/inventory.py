@@ -57,6 +57,8 @@ class Host(BaseModel):
     workdir: str = Field("/tmp/harness", description="where runs live on the host")
     gpus: int | None = Field(None, ge=0, description="GPU count")
     gpu: str | None = Field(None, description="GPU model, e.g. H200")
+    gpu_bandwidth_gbs: float | None = Field(None, gt=0, description="memory bandwidth per GPU in GB/s, for the "
+                                            "roofline; default: from the GPU model")
     env: dict[str, str] = Field(default_factory=dict, description="environment for every server on this host")
     secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")
     groups: tuple[str, ...] = Field((), description="groups the host belongs to (filled by the loader)")

@@ -120,6 +120,7 @@ def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict 
         "engine": sweep.engine.name,
         "protocol": sweep.engine.protocol,
         "model": sweep.playbook.model.model_dump(),
+        "gpus_used": sweep.engine.ranks(ctx.rendered.args),
         "port": ctx.rendered.port,
         "template": {"path": str(sweep.template), "sha256": hashlib.sha256(template_text.encode()).hexdigest(),
                      "text": template_text},
