@@ -209,5 +209,31 @@ def status(results: Path, format: Format = "table"):
         out.print(render(state))
 
 
+@app.command()
+@exits
+def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
+              host: Annotated[Optional[str], typer.Option(help="host to run on; default: the recorded one")] = None,
+              output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results")):
+    """Run a recorded run again from its directory alone, and show what differs."""
+    from harness.executor import Executor
+    from harness.report.live import Display
+    from harness.report.reproduce_view import render_comparison
+    from harness.reproduce import compare_runs, prepare
+
+    sw = prepare(run_dir, inventory, host=host, results=output)
+    out.print(f"reproducing [bold]{run_dir}[/] on {sw.hosts[0].name} as sweep {sw.sweep_id}")
+    outcome = Executor(sw, output, display=Display(err), argv=sys.argv[1:]).run()
+    if outcome.interrupted:
+        raise typer.Exit(130)
+    (manifest,) = outcome.manifests
+    new_dir = outcome.sweep_dir / "runs" / manifest["run_id"]
+    out.print(render_comparison(compare_runs(run_dir, new_dir), before=f"original ({run_dir.name})",
+                                after=f"now ({sw.hosts[0].name})"))
+    out.print(f"results: {outcome.sweep_dir}")
+    if manifest["status"] != "ok":
+        err.print(f"[red]the reproduced run failed:[/] {(manifest.get('error') or {}).get('message')}")
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()

@@ -38,6 +38,13 @@ def _first_line(text: str) -> str | None:
     return lines[-1].strip() if lines else None
 
 
+def _git(text: str) -> dict | None:
+    lines = text.strip().splitlines()
+    if not lines or not re.fullmatch(r"[0-9a-f]{40}", lines[0].strip()):
+        return None
+    return {"commit": lines[0].strip(), "dirty": len(lines) > 1}
+
+
 def _cuda(text: str) -> str | None:
     m = re.search(r"CUDA Version:\s*([\d.]+)", text)
     return m.group(1) if m else None
@@ -50,6 +57,11 @@ def facts_for(engine: Engine) -> list[Fact]:
         Fact("cuda", "nvidia-smi", _cuda),
         Fact("python", "python --version", _first_line),
         Fact("engine_version", engine.version_command, _first_line),
+        # an editable install (a git checkout) is known by its commit, and whether it has local changes
+        Fact("engine_git", "d=$(python -c 'import importlib.util as u, os, sys; "
+                           "print(os.path.dirname(u.find_spec(sys.argv[1]).origin))' "
+                           f"{shlex.quote(engine.module)}) && git -C \"$d\" rev-parse HEAD && "
+                           "git -C \"$d\" status --porcelain | head -20", _git),
         Fact("pip_freeze", "python -m pip freeze", lambda t: len(t.splitlines()) or None),
         # names that look secret are left out at the source (see harness.secrets)
         Fact("env", "env | grep -E '^(NCCL|CUDA|SGLANG|VLLM|NVIDIA|TORCH|PYTORCH)_' "

@@ -28,13 +28,13 @@ def remote_venv(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def ssh_inventory(tmp_path, sshd, remote_venv):
-    """An inventory with one SSH host `node1` (the test sshd) and `localhost`; returns its path."""
+    """An inventory with one SSH host `node1` (the test sshd) and `localhost`, both with the remote venv."""
     def write(**host_vars) -> Path:
         node = {"address": sshd.address, "port": sshd.port, "user": sshd.user,
                 "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts),
                 "venv": str(remote_venv), **host_vars}
         inv = {"all": {"vars": {"workdir": str(tmp_path / "remote-work")},
-                       "hosts": {"localhost": {"transport": "local"}},
+                       "hosts": {"localhost": {"transport": "local", "venv": str(remote_venv)}},
                        "children": {"gpu": {"hosts": {"node1": node}}}}}
         path = tmp_path / "inventory.yaml"
         path.write_text(yaml.safe_dump(inv))

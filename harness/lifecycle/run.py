@@ -93,10 +93,28 @@ def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
             "per_step_ms": analysis.get("per_step_ms")}
 
 
+def template_record(template: Path) -> dict:
+    """The launch template and every template beside it (includes), text and sha256: enough to render again."""
+    files = {p.name: p.read_text() for p in sorted(template.parent.glob("*.j2"))}
+    files[template.name] = template.read_text()
+    return {"path": str(template), "name": template.name,
+            "sha256": hashlib.sha256(files[template.name].encode()).hexdigest(),
+            "text": files[template.name], "files": files}
+
+
+def resolved_playbook(ctx: RunContext) -> dict:
+    """A playbook of this one run: what `harness reproduce` runs again (secrets show as ***)."""
+    sweep = ctx.sweep
+    pb = sweep.playbook.model_dump(mode="json", exclude={"configs", "repeat", "placement", "template"})
+    config = ctx.run.config.model_dump(mode="json")
+    pb["server"]["env"] = sweep.redactor.env(pb["server"]["env"], sweep.secret_names)
+    config["env"] = sweep.redactor.env(config["env"], sweep.secret_names)
+    return pb | {"hosts": ctx.host.name, "configs": [config], "repeat": 1, "placement": "pool"}
+
+
 def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict | None,
               started: float) -> dict:
     sweep, redact = ctx.sweep, ctx.sweep.redactor
-    template_text = sweep.template.read_text()
     status = "failed" if error else "ok"
     log_tail = ctx.record.get("log_tail")
     if log_tail is None and (ctx.local_dir / "server.log").exists():
@@ -122,8 +140,8 @@ def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict 
         "model": sweep.playbook.model.model_dump(),
         "gpus_used": sweep.engine.ranks(ctx.rendered.args),
         "port": ctx.rendered.port,
-        "template": {"path": str(sweep.template), "sha256": hashlib.sha256(template_text.encode()).hexdigest(),
-                     "text": template_text},
+        "template": template_record(sweep.template),
+        "playbook": resolved_playbook(ctx),
         "benchmark": sweep.playbook.benchmark.model_dump(),
         "profile_settings": sweep.playbook.profile.model_dump(),
         "status": status,

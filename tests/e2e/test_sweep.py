@@ -43,7 +43,7 @@ def _free_port() -> int:
 
 
 def sweep_dir(results: Path) -> Path:
-    (only,) = [p for p in results.iterdir() if p.is_dir()]
+    (only,) = [p for p in results.iterdir() if p.is_dir() and not p.name.startswith(".")]
     return only
 
 

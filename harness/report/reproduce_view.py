@@ -1,0 +1,51 @@
+"""A reproduced run beside the original: facts that differ, metrics with deltas against the noise."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from harness.report.analysis_view import short_name
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
+    return str(v)[:60]
+
+
+def render_comparison(result: dict, *, before: str, after: str):
+    parts = []
+    facts = Table(title="host facts that differ", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
+    for col in ("fact", before, after):
+        facts.add_column(col, overflow="fold")
+    for f in result["facts"]:
+        facts.add_row(f["fact"], _fmt(f["before"]), _fmt(f["after"]))
+    parts.append(facts if result["facts"] else Text("host facts: no difference", style="green"))
+    t = Table(title="results", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
+    for col, justify in (("conc", "right"), ("metric", "left"), (before, "right"), (after, "right"),
+                         ("delta", "right"), ("noise", "right"), ("beyond?", "left")):
+        t.add_column(col, justify=justify)
+    for row in result["rows"]:
+        delta = "-" if row.delta is None else f"{row.delta * 100:+.1f}%"
+        verdict = (Text("yes", style="bold red") if row.beyond_noise else Text("no", style="green")) \
+            if row.delta is not None else Text("-")
+        t.add_row(str(row.concurrency), row.label, _fmt(row.before), _fmt(row.after), delta,
+                  f"±{row.noise * 100:.1f}%", verdict)
+    parts.append(t)
+    sources = sorted({r.noise_source for r in result["rows"]})
+    parts.append(Text(f"noise: {', '.join(sources)} (at least 2%)", style="dim"))
+    k = result["kernels"]
+    if k["before"] or k["after"]:
+        kt = Table(title="top kernels", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
+        kt.add_column(before, overflow="ellipsis", no_wrap=True, max_width=45)
+        kt.add_column(after, overflow="ellipsis", no_wrap=True, max_width=45)
+        for i in range(max(len(k["before"]), len(k["after"]))):
+            cell = lambda side: (f"{side[i][1] * 100:.0f}% {short_name(side[i][0])}" if i < len(side) else "")
+            kt.add_row(cell(k["before"]), cell(k["after"]))
+        parts.append(kt)
+    return Group(*parts)
