@@ -8,9 +8,11 @@ transfer-encoding, one event per HTTP chunk, `finish_reason` on an empty-text ch
 with `choices: []` when `stream_options.include_usage` is asked, then `data: [DONE]`.
 
 The truth: each chunk's time is time.monotonic_ns() taken right after send() handed its bytes to the
-kernel, and a request's arrival is taken when its last byte was read. `GET /emissions` returns (and
-forgets) every finished request as JSON: {recv_ns, max_tokens, tokens, chunk_ns: [...], stalled}
-(chunks that did not fit in the socket at once, so their time is early; expected 0). Clients on the
+kernel; a request's arrival is the instant the select() that reported its last bytes returned (so a
+burst of 256 arriving requests is not stamped later and later as the server works through it), or
+the read itself for one read straight after accept(). `GET /emissions` returns (and forgets) every
+finished request as JSON: {recv_ns, max_tokens, tokens, chunk_ns: [...], stalled} (stalled: chunks
+that did not fit in the socket at once, so their time is early; expected 0). Clients on the
 same machine read the same monotonic clock, so their records line up with these.
 
 It is deliberately lean so that it is never the bottleneck it is meant to expose: one thread, a
@@ -101,11 +103,13 @@ class Server:
     def serve_forever(self) -> None:
         next_step = time.monotonic() + self.step_s
         while True:
-            for key, _ in self.sel.select(max(0.0, next_step - time.monotonic())):
+            events = self.sel.select(max(0.0, next_step - time.monotonic()))
+            seen_ns = time.monotonic_ns()  # when these bytes were there to read, however long the batch
+            for key, _ in events:
                 if key.fileobj is self.listener:
-                    self._accept()
+                    self._accept(seen_ns)
                 else:
-                    self._read(key.fileobj)  # type: ignore[arg-type]
+                    self._read(key.fileobj, seen_ns)  # type: ignore[arg-type]
             now = time.monotonic()
             if now >= next_step:
                 self._step(now)
@@ -113,7 +117,7 @@ class Server:
                 if next_step < now:  # an overrun step is late, never made up for in a burst
                     next_step = now + self.step_s
 
-    def _accept(self) -> None:
+    def _accept(self, seen_ns: int) -> None:
         while True:
             try:
                 sock, _ = self.listener.accept()
@@ -123,8 +127,9 @@ class Server:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.inbox[sock] = b""
             self.sel.register(sock, selectors.EVENT_READ)
+            self._read(sock, time.monotonic_ns())  # usually there already; stamped when read, not before
 
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, sock: socket.socket, seen_ns: int) -> None:
         try:
             data = sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -147,7 +152,7 @@ class Server:
                 length = int(value)
         if len(buf) < end + 4 + length:
             return
-        recv_ns = time.monotonic_ns()
+        recv_ns = seen_ns
         self.sel.unregister(sock)
         del self.inbox[sock]
         self._route(sock, method, path.split("?")[0], buf[end + 4:end + 4 + length], recv_ns)

@@ -18,8 +18,7 @@ from rich.table import Table
 from harness.config.inventory import Host, load_inventory
 from harness.engines import get_engine
 from harness.errors import HarnessError
-from harness.executor import tools_dir
-from harness.lifecycle.context import REMOTE_TOOLS, TOOLS_DIR
+from harness.remote import install
 from harness.transport import connect
 
 
@@ -41,10 +40,7 @@ def check_host(host: Host, engine: str, port: int | None) -> HostCheck:
     except HarnessError as e:
         return HostCheck(host.name, False, [f"{e.kind}: {e}"])
     try:
-        remote = tools_dir(host)
-        t.run(f"mkdir -p {shlex.quote(remote)}", timeout=60)
-        for name in REMOTE_TOOLS:
-            t.put((TOOLS_DIR / name).read_bytes(), f"{remote}/{name}")
+        remote = install(t, host.workdir)
         python = f"{venv}/bin/python"
         res = t.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} {shlex.quote(remote + '/agent.py')} "
                     f"probe --module {shlex.quote(eng.module)} --port {port or eng.default_port} "

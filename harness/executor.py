@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import random
 import shlex
 import shutil
@@ -33,10 +32,11 @@ import harness
 from harness.config.inventory import Host
 from harness.errors import HarnessError
 from harness.journal import FINAL, Journal, latest_states
-from harness.lifecycle.context import REMOTE_TOOLS, TOOLS_DIR, RunContext
+from harness.lifecycle.context import RunContext
 from harness.lifecycle.run import execute
 from harness.lifecycle.server import stop_command
 from harness.plan import RunPaths, RunSpec, Sweep
+from harness.remote import install, remote_dir
 from harness.report.live import Display
 from harness.results import read_json, write_json, write_summary
 from harness.transport import connect
@@ -72,11 +72,6 @@ class Transient(Exception):
 
     def __init__(self, manifest: dict):
         self.manifest = manifest
-
-
-def tools_dir(host: Host) -> str:
-    digest = hashlib.sha256(b"".join((TOOLS_DIR / n).read_bytes() for n in REMOTE_TOOLS)).hexdigest()[:12]
-    return f"{host.workdir.rstrip('/')}/.harness/{harness.__version__}-{digest}"
 
 
 def parse_deadline(text: str, now: dt.datetime | None = None) -> dt.datetime:
@@ -183,10 +178,7 @@ class Executor:
         host = state.host
         try:
             transport = connect(host.spec())
-            remote = tools_dir(host)
-            transport.run(f"mkdir -p {shlex.quote(remote)}", timeout=60)
-            for name in REMOTE_TOOLS:
-                transport.put((TOOLS_DIR / name).read_bytes(), f"{remote}/{name}")
+            remote = install(transport, host.workdir)
             python = host.venv + "/bin/python"
             reaped = transport.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
                                    f"{shlex.quote(remote + '/agent.py')} reap --workdir "
@@ -243,7 +235,7 @@ class Executor:
         shutil.rmtree(local_dir, ignore_errors=True)  # a partial earlier attempt: never mixed into this one
         local_dir.mkdir(parents=True)
         ctx = RunContext(self.sweep, spec, host, state.transport, self.sweep.render(spec, host), local_dir,
-                         tools_dir(host), lease_s=self.lease_s,
+                         remote_dir(host.workdir), lease_s=self.lease_s,
                          on_phase=lambda p: self.display.phase(host.name, spec.run_id, p))
         ctx.record["attempts"] = attempt
         if attempt > 1:
@@ -326,7 +318,7 @@ class Executor:
         """A run that was in flight when the orchestrator stopped: stop its server, drop its files."""
         paths = RunPaths.of(host, self.sweep.sweep_id, spec.run_id)
         command = (f"if [ -f {shlex.quote(paths.pid_file)} ]; then {shlex.quote(host.venv + '/bin/python')} "
-                   f"{shlex.quote(tools_dir(host) + '/agent.py')} stop --pid-file {shlex.quote(paths.pid_file)} "
+                   f"{shlex.quote(remote_dir(host.workdir) + '/agent.py')} stop --pid-file {shlex.quote(paths.pid_file)} "
                    f"--port 1 --timeout 20; fi; rm -rf {shlex.quote(paths.root)}")
         try:
             link = connect(host.spec())

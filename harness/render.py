@@ -3,7 +3,8 @@
 Filters:
   shquote  a value as one shell word (`shlex.quote`); every value that reaches a shell goes through it
   flags    an args mapping as command-line flags: true = bare flag, false/null = omitted,
-           list = the flag repeated, mapping = JSON; names without a leading dash get `--`
+           list = the flag repeated (a nested list = one flag, several values), mapping = JSON;
+           names without a leading dash get `--`
 String values in args and env are themselves templates (`"{{ run.profile_dir }}"`), rendered first with
 the same context, so a typo there fails before any host is touched.
 """
@@ -33,23 +34,31 @@ def flag_name(name: str) -> str:
     return name if name.startswith("-") else f"--{name}"
 
 
-def flag_pairs(args: Mapping[str, Any]) -> list[tuple[str, str | None]]:
-    """(flag, value) pairs for an args mapping; value None for a bare flag."""
-    pairs: list[tuple[str, str | None]] = []
+def flag_pairs(args: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """(flag, values) for an args mapping; no values for a bare flag.
+
+    A list repeats the flag; a list inside that list gives one flag several values (argparse's
+    nargs='+', e.g. `cuda-graph-bs-decode: [[1, 2, 4, 8]]`). A dotted name is a vLLM config field
+    (`--compilation-config.level 3`), which takes an explicit true/false rather than a bare flag.
+    """
+    pairs: list[tuple[str, list[str]]] = []
     for name, value in args.items():
-        if value is None or value is False:
-            continue
         flag = flag_name(name)
-        if value is True:
-            pairs.append((flag, None))
+        if "." in name and isinstance(value, bool):
+            pairs.append((flag, [_word(value)]))
+        elif value is None or value is False:
+            continue
+        elif value is True:
+            pairs.append((flag, []))
         else:
-            pairs += [(flag, _word(item)) for item in (value if isinstance(value, list) else [value])]
+            for item in value if isinstance(value, list) else [value]:
+                pairs.append((flag, [_word(v) for v in item] if isinstance(item, list) else [_word(item)]))
     return pairs
 
 
 def flags(args: Mapping[str, Any]) -> str:
     # flag names are validated when the playbook loads (letters, digits, '-', '_', '.'): only values need quoting
-    return " ".join(flag if value is None else f"{flag} {shlex.quote(value)}" for flag, value in flag_pairs(args))
+    return " ".join(" ".join([flag, *map(shlex.quote, values)]) for flag, values in flag_pairs(args))
 
 
 def _word(value: Any) -> str:

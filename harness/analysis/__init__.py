@@ -29,7 +29,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from harness.analysis.categories import NAMES, categorize
-from harness.analysis.summary import FileSummary, summarize
+from harness.analysis.kineto import event_start_at, is_gzip
+from harness.analysis.summary import FileSummary, Totals, summarize, summarize_range
 from harness.errors import InputError
 
 SCHEMA = "harness.analysis/1"
@@ -37,6 +38,8 @@ TRACE_PATTERNS = ("*.trace.json", "*.trace.json.gz", "*.json.gz")
 """Kineto files as SGLang (`*.trace.json.gz`) and vLLM (`*.pt.trace.json[.gz]`) name them."""
 PARALLEL_MIN_BYTES = 64 << 20
 """Below this much trace in all, starting worker processes costs more than reading serially."""
+RANGE_MIN_BYTES = 32 << 20
+"""A plain file this large is shared between processes when there are fewer files than cores."""
 STRAGGLER_PCT = 5.0
 
 __all__ = ["SCHEMA", "analyze_path"]
@@ -100,13 +103,35 @@ def _manifest_steps(manifest: Path) -> int | None:
 
 
 def _summarize_all(files: list[Path]) -> list[FileSummary]:
-    """One summary per file, in worker processes when there is enough to read to pay for them."""
-    workers = min(len(files), os.cpu_count() or 1)
-    if workers < 2 or sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
+    """One summary per file, read by this process and worker processes when there is enough to read
+    to pay for starting them. One large plain file is cut into byte ranges at event boundaries."""
+    cpus = os.cpu_count() or 1
+    if cpus < 2 or sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
         return [summarize(f) for f in files]
+    pieces = max(1, cpus // len(files))
+    tasks = [(i, start, stop) for i, f in enumerate(files) for start, stop in _ranges(f, pieces)]
     # spawn, not fork: the caller may be a threaded sweep holding SSH connections.
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        return list(pool.map(summarize, files))
+    with ProcessPoolExecutor(min(cpus, len(tasks)) - 1 or 1, mp_context=get_context("spawn")) as pool:
+        later = [pool.submit(summarize_range, files[i], start, stop) for i, start, stop in tasks[1:]]
+        i, start, stop = tasks[0]
+        results = [summarize_range(files[i], start, stop)] + [f.result() for f in later]
+    joined: dict[int, Totals] = {}
+    for (i, _, _), totals in zip(tasks, results):
+        joined[i] = joined[i].then(totals) if i in joined else totals
+    return [joined[i].finish(f) for i, f in enumerate(files)]
+
+
+def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:
+    """Byte ranges of a plain file that each start at an event (the first at the file's start)."""
+    size = path.stat().st_size
+    if pieces < 2 or size < RANGE_MIN_BYTES or is_gzip(path):
+        return [(0, None)]
+    starts = [0]
+    for k in range(1, pieces):
+        start = event_start_at(path, size * k // pieces)
+        if start is not None and start > starts[-1]:
+            starts.append(start)
+    return list(zip(starts, starts[1:] + [None]))
 
 
 def _combine(summaries: list[FileSummary], *, top: int, steps: int | None,

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from harness.config.yamlfile import load_yaml
 
 ArgScalar = Union[bool, int, float, str, None]
-ArgValue = Union[ArgScalar, list[Union[bool, int, float, str]], dict[str, Any]]
+ArgValue = Union[ArgScalar, list[Union[bool, int, float, str, list[Union[bool, int, float, str]]]], dict[str, Any]]
 
 FLAG_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -15,8 +15,6 @@ from harness.errors import RemoteError, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
 from harness.transport.base import Result, Transport
 
-REMOTE_TOOLS = ("agent.py", "bench.py")
-TOOLS_DIR = Path(__file__).resolve().parent.parent / "remote"
 
 
 @dataclass

@@ -55,6 +55,8 @@ def profile(ctx: RunContext) -> dict:
             "--max-tokens", max(pb.benchmark.max_tokens, 4 * p.num_steps)]
     if p.start_step is not None:
         args += ["--start-step", p.start_step]
+    if p.mode == "nsys":
+        args.append("--nsys")
     if pb.benchmark.prompt:
         args += ["--prompt", pb.benchmark.prompt]
     answer = ctx.agent(*args, timeout=p.timeout_s + 120)

@@ -15,6 +15,7 @@ from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
 
 NO_VENV = "__harness_no_venv__"
+NO_NSYS = "__harness_no_nsys__"
 SEP = "__harness_help__"
 
 
@@ -23,7 +24,9 @@ def preflight(ctx: RunContext) -> dict:
     engine, paths = ctx.sweep.engine, ctx.paths
     probe = ctx.agent_command("probe", "--module", engine.module, "--port", ctx.rendered.port,
                               "--bind", ctx.server_address, "--dir", paths.root)
-    command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; "
+    nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
+            if ctx.sweep.playbook.profile.mode == "nsys" else "")
+    command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
                f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} && {probe}; echo {SEP}; "
                f"( {ctx.in_venv(engine.help_command)} ) 2>&1 | tail -c 2000000; "
                f"( {ctx.in_venv(collect_script(facts_for(engine), paths.facts_dir))} ) >/dev/null 2>&1; true")
@@ -32,6 +35,9 @@ def preflight(ctx: RunContext) -> dict:
     if NO_VENV in out:
         raise ctx.fail("preflight", f"the venv {ctx.venv} does not exist on {ctx.host.name} (no "
                        f"{ctx.python}): create it there, or fix `venv:` for this host in the inventory")
+    if NO_NSYS in out:
+        raise ctx.fail("preflight", f"profile.mode is nsys but nsys is not on the PATH of {ctx.venv} on "
+                       f"{ctx.host.name}: install Nsight Systems there, or use profile.mode engine")
     probe_text, _, help_text = out.partition(SEP)
     try:
         probe = json.loads(probe_text.strip().splitlines()[-1])

@@ -9,6 +9,8 @@ log is the first thing a person wants to read.
 from __future__ import annotations
 
 import hashlib
+import shlex
+import shutil
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from harness.lifecycle.server import launch, teardown, wait_healthy
 from harness.results import atomic_write, write_json
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
+LOCAL_RESERVE = 256 * 2**20   # never fill the local disk to the last byte: the journal must still fit
 
 
 def execute(ctx: RunContext) -> dict:
@@ -68,6 +71,7 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
     max_mb = ctx.sweep.playbook.profile.max_mb
     try:
         with ctx.phase("collect"):
+            _room_for(ctx)
             pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600,
                                         max_bytes=int(max_mb * 1e6) if max_mb else None)
         ctx.record["collected"] = {"files": pulled.files, "bytes": pulled.bytes, "sha256": pulled.sha256,
@@ -78,6 +82,16 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
             return e
         ctx.record.setdefault("warnings", []).append(f"collect: {e}")
     return error
+
+
+def _room_for(ctx: RunContext) -> None:
+    """Refuse a pull the local disk cannot hold, before it fills the disk (traces can be many GB)."""
+    size = ctx.sh(f"du -sb {shlex.quote(ctx.paths.root)} 2>/dev/null | cut -f1", timeout=300, check=False).stdout
+    free = shutil.disk_usage(ctx.local_dir).free
+    if size.strip().isdigit() and int(size) > free - LOCAL_RESERVE:
+        raise ctx.fail("collect", f"the run's files on {ctx.host.name} take {int(size) / 1e9:.2f} GB and "
+                       f"{ctx.local_dir} has {free / 1e9:.2f} GB free: make room, or cap the profile with "
+                       "profile.max_mb")
 
 
 def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
@@ -91,6 +105,18 @@ def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
     write_json(local_dir / "analysis.json", analysis)
     return {"file": "analysis.json", "total_gpu_ms": analysis.get("total_gpu_ms"),
             "per_step_ms": analysis.get("per_step_ms")}
+
+
+def _nsys_reports(local_dir: Path, record: dict) -> dict:
+    """Under nsys the report appears when the server exits: look for it in what was collected."""
+    reports = sorted(p for p in (local_dir / "profile").glob("*") if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"))
+    files = [{"name": p.name, "bytes": p.stat().st_size} for p in reports]
+    if any(p.suffix != ".qdstrm" for p in reports):
+        return record | {"status": "ok", "files": files, "bytes": sum(f["bytes"] for f in files)}
+    return record | {"status": "failed", "files": files,
+                     "error": f"nsys wrote no report into {record['dir']}" + (
+                         " (only a .qdstrm: nsys could not convert it on the host)" if files else ""),
+                     "hint": "check server.log for nsys's own messages; nsys needs time at exit to write"}
 
 
 def template_record(template: Path) -> dict:
@@ -120,6 +146,8 @@ def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict 
     if log_tail is None and (ctx.local_dir / "server.log").exists():
         log_tail = tail((ctx.local_dir / "server.log").read_text(errors="replace"), 40)
     profile_out = None
+    if profile_record is not None and profile_record.get("status") == "pending":
+        profile_record = _nsys_reports(ctx.local_dir, profile_record)
     if profile_record is not None:
         profile_out = {k: profile_record.get(k) for k in
                        ("status", "mode", "files", "missing_ranks", "expected_ranks", "num_steps", "dir",

@@ -72,12 +72,14 @@ def server_alive(ctx: RunContext) -> bool:
 
 def stop_command(ctx: RunContext) -> str:
     """Kill the server's process group, wait for the port to close, remove the secrets file."""
+    # nsys writes its report after the server gets SIGTERM: give it time before SIGKILL
+    grace = 240 if ctx.sweep.playbook.profile.mode == "nsys" else 30
     return (ctx.agent_command("stop", "--pid-file", ctx.paths.pid_file, "--port", ctx.rendered.port,
-                              "--bind", ctx.server_address, "--timeout", 30) + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
+                              "--bind", ctx.server_address, "--timeout", grace) + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
 
 
 def teardown(ctx: RunContext) -> dict:
-    answer = ctx.parse_agent("stop", ctx.sh(stop_command(ctx), timeout=120, check=False))
+    answer = ctx.parse_agent("stop", ctx.sh(stop_command(ctx), timeout=600, check=False))
     if not answer.get("port_closed", True):
         holders = answer.get("port_holders")
         ctx.record.setdefault("warnings", []).append(f"port {ctx.rendered.port} still open after teardown: {holders}")

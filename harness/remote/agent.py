@@ -337,11 +337,20 @@ def cmd_profile(a) -> int:
             "ignore_eos": True, "stream": False}
     traffic = None
     if a.protocol == "sglang":
-        request = {"output_dir": a.dir, "num_steps": a.num_steps, "activities": ["CPU", "GPU"]}
-        if a.start_step is not None:
-            request["start_step"] = a.start_step
+        # under nsys the engine only brackets the steps with cudaProfilerStart/Stop; nsys writes its
+        # report when the server exits, so there is nothing to await here
+        activities = ["CUDA_PROFILER"] if a.nsys else ["CPU", "GPU"]
+        request = {"output_dir": a.dir, "num_steps": a.num_steps, "activities": activities}
+        if a.start_step is not None or a.nsys:
+            request["start_step"] = a.start_step if a.start_step is not None else 3
         status, text = http("POST", a.url + "/start_profile", request)
         answers.append({"call": "POST /start_profile", "request": request, "status": status, "body": text[:500]})
+        if status == 200 and a.nsys:
+            steps = request["start_step"] + a.num_steps + 4
+            http("POST", a.url + "/v1/completions", dict(body, max_tokens=steps), timeout=a.timeout)
+            return emit(dict(out, status="pending", files=[], missing_ranks=[], bytes=0,
+                             seconds=time.monotonic() - start,
+                             note="nsys writes its report into the profile directory when the server exits"))
         if status == 200:
             # never /stop_profile after a num_steps start: it answers 500 and can write into an old dir
             traffic = Traffic(a.url + "/v1/completions", body, a.concurrency)
@@ -354,6 +363,10 @@ def cmd_profile(a) -> int:
             traffic.close()
             status, text = http("POST", a.url + "/stop_profile", timeout=max(1.0, deadline - time.monotonic()))
             answers.append({"call": "POST /stop_profile", "status": status, "body": text[:500]})
+            if status == 200 and a.nsys:
+                return emit(dict(out, status="pending", files=[], missing_ranks=[], bytes=0,
+                                 seconds=time.monotonic() - start,
+                                 note="nsys writes its report into the profile directory when the server exits"))
     try:
         files = await_traces(a, deadline) if status == 200 else traces(a.dir, a.protocol)
     finally:
@@ -426,6 +439,7 @@ def main(argv=None) -> int:
     f.add_argument("--timeout", type=float, default=600.0)
     f.add_argument("--stable-s", type=float, default=1.0)
     f.add_argument("--step-hint-s", type=float, default=2.0, help="vLLM: traffic time between start and stop")
+    f.add_argument("--nsys", action="store_true", help="the server runs under nsys: drive its capture range")
     wd = sub.add_parser("watch")
     wd.add_argument("--pid-file", required=True)
     wd.add_argument("--lease", required=True)

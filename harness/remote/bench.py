@@ -21,26 +21,33 @@ Definitions (per request; a level's distributions pool its completed requests):
     E2E  = last text-carrying chunk - request sent
     completion_tokens from the server's usage; without usage, the chunk count (tokens_from: "chunks")
     level duration = first send to last finish; output_tok_s = completed requests' tokens / duration
-    decode = the steady-state window of the first wave (the first `concurrency` requests sent): from
-             the last of their first tokens to the first of their last tokens, when all of them decode
+    decode = the steady-state window, rule "first-wave" (named in bench.json as decode.rule): among
+             the first `concurrency` requests sent, from the last of their first tokens to the first
+             of their last tokens, so every stream of the batch decodes and no newcomer's prefill
+             interrupts. Over a whole closed-loop level that window is always empty (a finished
+             stream's successor is still in prefill). per_user_tok_s and aggregate_tok_s are the
+             window's tokens (chunks scaled by each request's usage/chunks ratio) per second.
     percentiles: linear interpolation between closest ranks (numpy's default method "linear");
     std is the population standard deviation (numpy's default ddof=0).
 
-Fidelity: a chunk is stamped with time.monotonic_ns() taken when the event loop's select() returned
-with its socket readable, so a burst of streams (one decode step of a batch) read one socket after
-another is not stamped progressively later. The protocol callback only stamps and stores; HTTP, SSE and
-JSON parsing wait until the level has finished, so parsing never delays another stream's stamp, and
-the garbage collector is paused during a level for the same reason. Events that arrive in one read
-share its stamp (an ITL of 0): that is what the client saw. One process follows 256 streams at 100
-tok/s each (25,600 chunks a second) on about three quarters of a core. Beyond that, and only where
-cores are free beside the server's own (on a 2-core host it makes things worse), pass `--workers K` to
-split each level's streams over K processes that start together.
+Fidelity: the hot path is a plain selector loop over non-blocking sockets, with no event-loop
+machinery between a socket and its stamp. Every read of one select() return is stamped with the
+instant select() returned, so a burst of streams (one decode step of a batch) read one socket after
+another is not stamped progressively later. Per chunk it does one recv, one append and a 7-byte
+comparison (to see the response end); HTTP, SSE and JSON parsing wait until the level has finished,
+and the garbage collector is paused during a level. Events that arrive in one read share its stamp (an
+ITL of 0): that is what the client saw. bench.json records the client's own CPU per chunk while
+streaming (client_cpu_us_per_chunk): about 5 us on a small 2-core machine, so one process follows
+256 streams at 100 tok/s (25,600 chunks a second) on about an eighth of a core. benchmarks/bench_fidelity.py measures the
+errors against a server that knows its true emission times. `--workers K` splits each level's streams
+over K processes that start together; use it only beyond ~100,000 chunks a second and where cores are
+free beside the server's own (on a 2-core host it makes things worse).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import errno
 import gc
 import json
 import math
@@ -57,7 +64,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 SCHEMA = "harness.bench/1"
@@ -66,6 +73,7 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_PROMPT_WORDS = 16
 APIS = {"completions": "/completions", "chat": "/chat/completions"}
 STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
+DECODE_RULE = "first-wave"  # the decode window's definition, named in bench.json (module docstring)
 
 # Common words that most tokenizers keep whole, so N words make roughly N prompt tokens.
 _WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be or "
@@ -79,7 +87,8 @@ class Target:
     """Where to send and the exact bytes of the request; every request of a run is the same."""
 
     host: str
-    address: str                # host resolved once, so no request waits on a resolver thread
+    family: int
+    address: str                # host resolved once, so no request waits on a resolver
     port: int
     tls: bool
     request: bytes
@@ -100,156 +109,196 @@ class Outcome:
 
 # --------------------------------------------------------------------------- the hot path
 
-class _StampingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
-    """Notes when select() returned. A burst of streams (one decode step of a batch) is read one socket
-    after another; stamping each with this instant instead of its own recv keeps the last socket of a
-    256-stream burst from looking milliseconds late."""
+class _Exchange:
+    """One request on its own connection (`Connection: close`), moved along by _Loop:
+    connect -> handshake (TLS only) -> send -> read -> done.
 
-    ready_ns = 0
-
-    def select(self, timeout=None):
-        events = super().select(timeout)
-        self.ready_ns = time.monotonic_ns()
-        return events
-
-
-class _Exchange(asyncio.Protocol):
-    """One request on its own connection (`Connection: close`).
-
-    A Protocol rather than StreamReader: data_received runs straight from the event loop's select, with
-    no task wake-up. It stamps, stores and watches the framing only to know when the response is
-    complete (chunked terminator, Content-Length, or connection close).
+    The read path stamps, stores, and watches the framing only to know when the response is complete
+    (chunked terminator, Content-Length, or connection close).
     """
 
-    def __init__(self, request: bytes, done: asyncio.Future, clock: _StampingSelector):
-        self.request, self.done, self.clock = request, done, clock
+    __slots__ = ("sock", "deadline_ns", "state", "out", "reads", "sent_ns", "end_ns", "error", "head_done",
+                 "chunked", "left", "tail")
+
+    def __init__(self, sock: socket.socket, deadline_ns: int):
+        self.sock, self.deadline_ns = sock, deadline_ns
+        self.state, self.out = "connect", b""
         self.reads: Reads = []
-        self.sent_ns = self.end_ns = time.monotonic_ns()
+        self.sent_ns = self.end_ns = 0
         self.error: Optional[str] = None
-        self.finished = False
-        self.transport: Optional[asyncio.BaseTransport] = None
-        self._head_done = False
-        self._chunked = False
-        self._left: Optional[int] = None      # Content-Length bytes still to come
-        self._tail = b"\r\n"                  # last bytes of a chunked body, to spot its terminator
+        self.head_done = self.chunked = False
+        self.left: Optional[int] = None   # Content-Length bytes still to come
+        self.tail = b"\r\n"               # last bytes of a chunked body, to spot its terminator
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        self.sent_ns = time.monotonic_ns()
-        transport.write(self.request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        self.reads.append((self.clock.ready_ns, data))
-        if not self._head_done:
+    def received(self, t: int, data: bytes) -> bool:
+        """Store one read stamped `t`; True once the response is complete (ValueError: not HTTP)."""
+        self.reads.append((t, data))
+        if not self.head_done:
             buf = b"".join(d for _, d in self.reads)
             end = buf.find(b"\r\n\r\n")
             if end < 0:
-                return
-            try:
-                _, self._chunked, self._left = _parse_head(buf[:end])
-            except ValueError:
-                return self.finish("malformed response head")
-            self._head_done = True
+                return False
+            _, self.chunked, self.left = _parse_head(buf[:end])
+            self.head_done = True
             data = buf[end + 4:]
-        if self._chunked:
-            self._tail = (self._tail + data)[-7:]
-            if self._tail == b"\r\n0\r\n\r\n":
-                self.finish(None)
-        elif self._left is not None:
-            self._left -= len(data)
-            if self._left <= 0:
-                self.finish(None)
+        if self.chunked:
+            self.tail = (self.tail + data)[-7:]
+            return self.tail == b"\r\n0\r\n\r\n"
+        if self.left is not None:
+            self.left -= len(data)
+            return self.left <= 0
+        return False
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        if exc is not None:
-            self.finish(f"connection error: {exc}")
-        elif not self._head_done:
-            self.finish("connection closed before the response")
-        elif self._chunked or self._left:
-            self.finish("connection closed mid-response")
-        else:
-            self.finish(None)  # a stream delimited by the connection's close
-
-    def finish(self, error: Optional[str]) -> None:
-        if self.finished:
-            return
-        self.finished, self.error = True, error
-        self.end_ns = self.reads[-1][0] if error is None and self.reads else time.monotonic_ns()
-        if not self.done.done():
-            self.done.set_result(None)
-        if self.transport is not None:
-            self.transport.close()
+    def cut_short(self) -> Optional[str]:
+        """What a close by the server means at this point of the response (None: a clean end)."""
+        if not self.head_done:
+            return "connection closed before the response"
+        return "connection closed mid-response" if self.chunked or self.left else None
 
 
-class _Client:
-    """Sends the run's one request over fresh connections, on its own loop whose selector stamps arrivals."""
+class _Loop:
+    """Closed-loop streams over one selector, with no event-loop machinery between a socket and its stamp.
+
+    Every read of one select() return is stamped with the instant select() returned, so a burst of
+    streams (one decode step of a batch) read one socket after another is not stamped progressively
+    later; per chunk the loop does one recv, one append and a 7-byte comparison.
+    """
 
     def __init__(self, target: Target, timeout: float):
-        self.target, self.timeout = target, timeout
-        self.clock = _StampingSelector()
-        self.loop = asyncio.SelectorEventLoop(self.clock)
+        self.target, self.timeout_ns = target, int(timeout * 1e9)
+        self.sel = selectors.DefaultSelector()
         self.tls = ssl.create_default_context() if target.tls else None
+        self.live: Dict[_Exchange, None] = {}   # in flight, oldest (the next to time out) first
+        self.finished: List[_Exchange] = []
 
-    async def exchange(self) -> _Exchange:
-        """Send one request and wait for its end; failures land in `error`, never raise."""
-        proto = _Exchange(self.target.request, self.loop.create_future(), self.clock)
-
-        async def converse() -> None:
-            await self.loop.create_connection(
-                lambda: proto, self.target.address, self.target.port, ssl=self.tls,
-                server_hostname=self.target.host if self.tls else None)
-            await proto.done
-
-        try:
-            await asyncio.wait_for(converse(), self.timeout)
-        except asyncio.TimeoutError:
-            proto.finish("timeout")
-        except OSError as e:
-            proto.finish(f"cannot connect: {e}")
-        return proto
-
-    async def closed_loop(self, streams: int, count: Optional[int],
-                          duration: Optional[float]) -> List[_Exchange]:
-        """`streams` concurrent loops, each sending its next request when its last one ends."""
-        finished: List[_Exchange] = []
+    def run(self, streams: int, count: Optional[int], duration: Optional[float]) -> List[_Exchange]:
+        """`streams` streams, each sending its next request when its last one ends, until `count`
+        requests were sent or `duration` seconds passed; returns them all, ended."""
+        stop_ns = None if duration is None else time.monotonic_ns() + int(duration * 1e9)
         started = 0
-        deadline = None if duration is None else time.monotonic() + duration
+        self.finished = []
+        try:
+            while True:
+                now = time.monotonic_ns()
+                free = streams - len(self.live)
+                while free and (count is None or started < count) and (stop_ns is None or now < stop_ns):
+                    started, free = started + 1, free - 1
+                    self._start()
+                if not self.live:
+                    return self.finished
+                oldest = next(iter(self.live))
+                events = self.sel.select(max(0.0, (oldest.deadline_ns - now) / 1e9))
+                now = time.monotonic_ns()
+                for key, _ in events:
+                    x = key.data
+                    if x.state == "read":
+                        self._read(x, now)
+                    elif x.state != "done":
+                        self._advance(x)
+                while self.live and oldest.deadline_ns <= now:
+                    self._finish(oldest, "timeout")
+                    oldest = next(iter(self.live), oldest)
+        finally:
+            for x in list(self.live):
+                self._finish(x, "benchmark interrupted")
 
-        async def stream() -> None:
-            nonlocal started
-            while (count is None or started < count) and (deadline is None or time.monotonic() < deadline):
-                started += 1
-                finished.append(await self.exchange())
+    def _start(self) -> None:
+        t = self.target
+        sock = socket.socket(t.family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        x = _Exchange(sock, time.monotonic_ns() + self.timeout_ns)
+        self.live[x] = None
+        err = sock.connect_ex((t.address, t.port))
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            return self._finish(x, f"cannot connect: [Errno {err}] {os.strerror(err)}")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sel.register(sock, selectors.EVENT_WRITE, x)
 
-        await asyncio.gather(*(stream() for _ in range(streams)))
-        return finished
+    def _advance(self, x: _Exchange) -> None:
+        """Connect, shake hands and send, each as far as the socket allows without blocking."""
+        try:
+            if x.state == "connect":
+                err = x.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    return self._finish(x, f"cannot connect: [Errno {err}] {os.strerror(err)}")
+                x.state = "send"
+                if self.tls is not None:
+                    self.sel.unregister(x.sock)
+                    x.sock = self.tls.wrap_socket(x.sock, server_hostname=self.target.host,
+                                                  do_handshake_on_connect=False)
+                    self.sel.register(x.sock, selectors.EVENT_WRITE, x)
+                    x.state = "handshake"
+            if x.state == "handshake":
+                x.sock.do_handshake()  # type: ignore[attr-defined]
+                x.state = "send"
+            if not x.sent_ns:
+                x.out, x.sent_ns = self.target.request, time.monotonic_ns()
+            x.out = x.out[x.sock.send(x.out):]
+            if not x.out:
+                x.state = "read"
+                self.sel.modify(x.sock, selectors.EVENT_READ, x)
+        except ssl.SSLWantReadError:
+            self.sel.modify(x.sock, selectors.EVENT_READ, x)
+        except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+            self.sel.modify(x.sock, selectors.EVENT_WRITE, x)
+        except OSError as e:
+            self._finish(x, f"{'connection error' if x.sent_ns else 'cannot connect'}: {e}")
+
+    def _read(self, x: _Exchange, now: int) -> None:
+        while True:
+            try:
+                data = x.sock.recv(65536)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return
+            except OSError as e:
+                return self._finish(x, f"connection error: {e}")
+            if not data:
+                return self._finish(x, x.cut_short())
+            try:
+                if x.received(now, data):
+                    return self._finish(x, None)
+            except ValueError:
+                return self._finish(x, "malformed response head")
+            if self.tls is None or not x.sock.pending():  # type: ignore[attr-defined]
+                return
+
+    def _finish(self, x: _Exchange, error: Optional[str]) -> None:
+        x.state, x.error = "done", error
+        x.end_ns = x.reads[-1][0] if error is None and x.reads else time.monotonic_ns()
+        try:
+            self.sel.unregister(x.sock)
+        except KeyError:  # its connect failed at once: never registered
+            pass
+        x.sock.close()
+        del self.live[x]
+        self.finished.append(x)
 
 
-def _run_share(target: Target, streams: int, count: Optional[int], warmup: int,
-               duration: Optional[float], timeout: float, barrier=None) -> List[Outcome]:
-    """Warm up, wait for the other workers, measure; parse only once every stream has ended."""
-    client = _Client(target, timeout)
-
-    async def level() -> List[_Exchange]:
-        if warmup:
-            await client.closed_loop(min(streams, warmup), warmup, None)
-        if barrier is not None:
-            barrier.wait()  # blocking is fine: nothing else is in flight
-        return await client.closed_loop(streams, count, duration)
-
+def _run_share(target: Target, streams: int, count: Optional[int], warmup: int, duration: Optional[float],
+               timeout: float, barrier=None) -> Tuple[List[Outcome], float]:
+    """Warm up, wait for the other workers, measure; parse only once every stream has ended. Returns
+    the outcomes and the CPU seconds the measured streams cost this process (parsing excluded)."""
+    loop = _Loop(target, timeout)
     collecting = gc.isenabled()
     gc.disable()  # a full collection mid-level would show up as an ITL outlier
     try:
-        exchanges = client.loop.run_until_complete(level())
+        if warmup:
+            loop.run(min(streams, warmup), warmup, None)
+        if barrier is not None:
+            barrier.wait()
+        cpu = time.process_time()
+        exchanges = loop.run(streams, count, duration)
+        cpu = time.process_time() - cpu
     finally:
-        client.loop.close()
+        loop.sel.close()
         if collecting:
             gc.enable()
-    return [parse_exchange(x.sent_ns, x.end_ns, x.reads, x.error) for x in exchanges]
+    return [parse_exchange(x.sent_ns, x.end_ns, x.reads, x.error) for x in exchanges], cpu
 
 
 def _worker(results, *share) -> None:
-    results.put([vars(o) for o in _run_share(*share)])
+    outcomes, cpu = _run_share(*share)
+    results.put(([vars(o) for o in outcomes], cpu))
 
 
 def _split(total: int, parts: int) -> List[int]:
@@ -257,7 +306,7 @@ def _split(total: int, parts: int) -> List[int]:
 
 
 def _run_level(target: Target, concurrency: int, count: Optional[int], warmup: int,
-               duration: Optional[float], timeout: float, workers: int) -> List[Outcome]:
+               duration: Optional[float], timeout: float, workers: int) -> Tuple[List[Outcome], float]:
     workers = min(workers, concurrency)
     if workers == 1:
         return _run_share(target, concurrency, count, warmup, duration, timeout)
@@ -272,9 +321,12 @@ def _run_level(target: Target, concurrency: int, count: Optional[int], warmup: i
         p.start()
     try:
         outcomes: List[Outcome] = []
+        cpu = 0.0
         for _ in procs:
-            outcomes += [Outcome(**o) for o in _collect(results, procs)]
-        return outcomes
+            share, share_cpu = _collect(results, procs)
+            outcomes += [Outcome(**o) for o in share]
+            cpu += share_cpu
+        return outcomes, cpu
     finally:
         for p in procs:
             p.join(timeout=5)
@@ -282,7 +334,7 @@ def _run_level(target: Target, concurrency: int, count: Optional[int], warmup: i
                 p.terminate()
 
 
-def _collect(results, procs) -> list:
+def _collect(results, procs) -> Tuple[list, float]:
     while True:
         try:
             return results.get(timeout=1.0)
@@ -482,8 +534,8 @@ def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> Optional[dic
     window_s = (end - start) / 1e9
     tokens = [sum(start < t <= end for t in o.times) * (o.tokens or len(o.times)) / len(o.times)
               for o in wave]
-    return {"window_s": window_s, "streams": len(wave), "per_user_tok_s": sum(tokens) / len(wave) / window_s,
-            "aggregate_tok_s": sum(tokens) / window_s}
+    return {"rule": DECODE_RULE, "window_s": window_s, "streams": len(wave),
+            "per_user_tok_s": sum(tokens) / len(wave) / window_s, "aggregate_tok_s": sum(tokens) / window_s}
 
 
 def summarize_level(concurrency: int, outcomes: Sequence[Outcome]) -> Tuple[dict, List[dict]]:
@@ -534,10 +586,10 @@ def build_target(url: str, body: dict, api: str) -> Target:
             f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
     try:
-        address = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0][4][0]
+        family, *_, sockaddr = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0]
     except OSError as e:
         raise ValueError(f"cannot resolve {parts.hostname!r}: {e}") from e
-    return Target(parts.hostname, address, port, tls, head.encode() + payload)
+    return Target(parts.hostname, family, sockaddr[0], port, tls, head.encode() + payload)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -582,8 +634,11 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
               "levels": [], "requests": []}
     for c in concurrency:
         count = requests if requests is not None or duration is not None else max(2 * c, 16)
-        outcomes = _run_level(target, c, count, warmup, duration, timeout, workers)
+        outcomes, cpu_s = _run_level(target, c, count, warmup, duration, timeout, workers)
         level, records = summarize_level(c, outcomes)
+        chunks = sum(r["chunks"] for r in records)
+        level["client_cpu_s"] = cpu_s
+        level["client_cpu_us_per_chunk"] = cpu_s * 1e6 / chunks if chunks else None
         result["levels"].append(level)
         result["requests"] += records
         if result["prompt_tokens"] is None:

@@ -169,7 +169,7 @@ def test_gzip_and_json_dump_layouts_give_the_same_figures(tmp_path, one_step, na
 @pytest.mark.parametrize("layout", ["kineto", "compact"])
 def test_reading_in_tiny_chunks_gives_the_same_figures(tmp_path, monkeypatch, one_step, layout):
     """Chunk edges then fall inside names, numbers and the top-level keys."""
-    monkeypatch.setattr(kineto, "CHUNK_CHARS", 37)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 37)
     path = write_trace(tmp_path / "t.json", one_step_events(), layout=layout)
     assert without_files(analyze_path(path)) == without_files(one_step)
 

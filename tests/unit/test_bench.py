@@ -159,6 +159,7 @@ def test_every_kind_of_response_is_counted_and_described_and_the_run_still_succe
     assert level["token_count_mismatches"] == 2
     assert sorted(e["count"] for e in level["errors"]) == [1, 1, 1]
     assert (result["schema"], result["model"], result["prompt_tokens"]) == ("harness.bench/1", "glm-5", 5)
+    assert level["client_cpu_s"] > 0 and level["client_cpu_us_per_chunk"] > 0
     assert "1 failed: The server is overloaded" in proc.stderr
 
 

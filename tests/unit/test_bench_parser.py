@@ -169,6 +169,7 @@ def test_a_level_summary_pools_completed_requests_and_counts_the_failed_ones():
     assert sorted([level["tpot_ms"]["min"], level["tpot_ms"]["max"]]) == [4.0, 10.0]
     assert (level["e2e_ms"]["min"], level["e2e_ms"]["max"]) == (34.0, 40.0)
     # window (15 ms, 35 ms]: a sends 2 chunks of 1 token, b 2 chunks of 2 tokens
+    assert (level["decode"]["rule"], level["decode"]["streams"]) == ("first-wave", 2)
     assert level["decode"]["window_s"] == pytest.approx(0.02)
     assert level["decode"]["aggregate_tok_s"] == pytest.approx(300.0)
     assert level["decode"]["per_user_tok_s"] == pytest.approx(150.0)
@@ -185,3 +186,12 @@ def test_the_decode_window_is_null_when_streams_never_overlap_in_decode():
     b = Outcome(0, 40 * MS, [30 * MS, 40 * MS], 2, 16, 200, None)
     assert summarize_level(2, [a, b])[0]["decode"] is None
     assert summarize_level(2, [])[0]["decode"] is None
+
+
+def test_the_decode_window_is_that_of_the_first_wave_only():
+    first = [Outcome(0, 40 * MS, [10 * MS, 20 * MS, 30 * MS, 40 * MS], 4, 16, 200, None),
+             Outcome(0, 40 * MS, [10 * MS, 20 * MS, 30 * MS, 40 * MS], 4, 16, 200, None)]
+    later = Outcome(41 * MS, 90 * MS, [60 * MS, 70 * MS, 80 * MS, 90 * MS], 4, 16, 200, None)
+    decode = summarize_level(2, [later, *first])[0]["decode"]
+    assert decode["window_s"] == pytest.approx(0.03)       # (10 ms, 40 ms] of the first two
+    assert decode["aggregate_tok_s"] == pytest.approx(200.0)

@@ -49,6 +49,13 @@ def test_flags_render_bare_omitted_repeated_and_quoted():
     assert shlex.split(rendered) == ["--a", "--d", "1", "--d", "2", "--e", "x; touch /tmp/pwn", "-O3"]
 
 
+def test_a_nested_list_gives_one_flag_several_values_and_dotted_fields_take_explicit_booleans():
+    rendered = flags({"cuda-graph-bs-decode": [[1, 2, 4]], "profiler-config.with_stack": False,
+                      "compilation-config.use_inductor": True})
+    assert shlex.split(rendered) == ["--cuda-graph-bs-decode", "1", "2", "4", "--profiler-config.with_stack",
+                                     "false", "--compilation-config.use_inductor", "true"]
+
+
 def test_shquote_keeps_metacharacters_literal():
     for value in ["$(id)", "a'b", "x; rm -rf /", "`id`", "new\nline"]:
         assert shlex.split(shquote(value)) == [value]

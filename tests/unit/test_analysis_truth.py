@@ -1,0 +1,119 @@
+"""`harness analyze` finds exactly the figures benchmarks/tracegen.py wrote, in every layout, plain and gzip,
+whether one process reads a file or several share it by byte ranges."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import harness.analysis as analysis
+from harness.analysis import analyze_path, kineto
+from harness.analysis.categories import categorize
+from harness.analysis.summary import summarize
+
+_SPEC = importlib.util.spec_from_file_location(
+    "tracegen", Path(__file__).resolve().parents[2] / "benchmarks" / "tracegen.py")
+tracegen = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(tracegen)
+
+EXACT_US = 1e-3  # 1e-6 ms
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict:
+    """Every layout at two sizes, plain and gzip'd: (layout, mb, suffix) -> (path, truth)."""
+    directory = tmp_path_factory.mktemp("traces")
+    out = {}
+    for layout in tracegen.LAYOUTS:
+        for mb in (0.05, 0.6):
+            for suffix in (".json", ".json.gz"):
+                path = directory / f"{layout}-{mb}.trace{suffix}"
+                out[(layout, mb, suffix)] = path, tracegen.generate(path, mb=mb, layout=layout, seed=int(mb * 10))
+    return out
+
+
+def assert_summary_is_the_truth(path: Path, truth: dict) -> None:
+    s = summarize(path)
+    assert {n: k[1] for n, k in s.kernels.items()} == {n: k["count"] for n, k in truth["kernels"].items()}
+    for name, k in truth["kernels"].items():
+        assert s.kernels[name][0] == pytest.approx(k["total_us"], abs=EXACT_US)
+    assert {n: k[1] for n, k in s.cpu_ops.items()} == {n: k["count"] for n, k in truth["cpu_ops"].items()}
+    for name, op in truth["cpu_ops"].items():
+        assert s.cpu_ops[name][0] == pytest.approx(op["self_us"], abs=EXACT_US)
+    assert s.idle_us == pytest.approx(truth["idle_us"], abs=EXACT_US)
+    assert s.window_us == pytest.approx(truth["window_us"], abs=EXACT_US)
+    assert s.steps == truth["steps"]
+    assert s.rank == truth["rank"]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+@pytest.mark.parametrize("mb", [0.05, 0.6])
+@pytest.mark.parametrize("layout", tracegen.LAYOUTS)
+def test_every_layout_gives_the_generators_truth(traces, layout, mb, suffix):
+    assert_summary_is_the_truth(*traces[(layout, mb, suffix)])
+
+
+@pytest.mark.parametrize("layout", tracegen.LAYOUTS)
+def test_the_fast_path_reads_chunks_after_the_first_and_still_gives_the_truth(traces, monkeypatch, layout):
+    """Small chunks make most of the file go through the learned layout rather than full decoding."""
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4096)
+    assert_summary_is_the_truth(*traces[(layout, 0.6, ".json.gz")])
+
+
+@pytest.mark.parametrize("layout", tracegen.LAYOUTS)
+def test_byte_ranges_read_by_worker_processes_join_into_the_truth(traces, monkeypatch, layout):
+    path, truth = traces[(layout, 0.6, ".json")]
+    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis.os, "cpu_count", lambda: 5)  # five ranges, however many cores
+    ranges = analysis._ranges(path, 5)
+    assert len(ranges) == 5
+    split = analyze_path(path, top=100)
+    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 1 << 40)
+    assert split == analyze_path(path, top=100)
+    assert_analysis_is_the_truth(split, truth)
+
+
+def assert_analysis_is_the_truth(result: dict, truth: dict) -> None:
+    """analysis.json rounds to 0.1 us and shares to 4 places; within that, it is the truth."""
+    kernel_us = truth["kernel_us"]
+    assert result["total_gpu_ms"] == pytest.approx(kernel_us / 1000, abs=6e-5)
+    assert result["gpu_idle_ms"] == pytest.approx(truth["idle_us"] / 1000, abs=6e-5)
+    assert result["steps"] == truth["steps"]
+    assert {k["name"]: (k["count"], k["category"]) for k in result["top"]} == {
+        n: (k["count"], k["category"]) for n, k in truth["kernels"].items()}
+    for k in result["top"]:
+        assert k["total_ms"] == pytest.approx(truth["kernels"][k["name"]]["total_us"] / 1000, abs=6e-5)
+    for category, share in result["categories"].items():
+        assert share == pytest.approx(truth["categories_us"].get(category, 0.0) / kernel_us, abs=6e-5)
+    assert {op["name"]: op["count"] for op in result["cpu_top"]} == {
+        n: op["count"] for n, op in truth["cpu_ops"].items()}
+
+
+def test_the_generators_categories_are_the_analyzers():
+    for name, category, _ in tracegen.LAYER + (tracegen.ALLREDUCE, tracegen.MEMCPY):
+        assert categorize(name) == category
+
+
+def test_the_generator_writes_the_size_asked_for_and_valid_json(tmp_path):
+    path = tmp_path / "t.trace.json"
+    truth = tracegen.generate(path, mb=0.5, layout="compact")
+    assert truth["json_bytes"] == path.stat().st_size >= 0.5 * (1 << 20)
+    assert len(json.loads(path.read_text())["traceEvents"]) > 1000
+
+
+def test_an_event_in_another_key_order_midway_is_still_counted(tmp_path, monkeypatch):
+    """The learned layout cannot vouch for that chunk, which is then decoded in full."""
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4096)
+    path = tmp_path / "t.trace.json"
+    truth = tracegen.generate(path, mb=0.3, layout="lines")
+    odd = {"name": "odd_gemm_kernel", "dur": 1000.0, "ts": 1.0, "pid": 99, "tid": 1, "cat": "kernel", "ph": "X"}
+    text = path.read_text()
+    middle = text.index('{"ph": "X"', len(text) // 2)
+    path.write_text(text[:middle] + json.dumps(odd) + ",\n" + text[middle:])
+    s = summarize(path)
+    assert s.kernels["odd_gemm_kernel"] == [1000.0, 1]
+    assert sum(n for _, n in s.kernels.values()) == 1 + sum(k["count"] for k in truth["kernels"].values())
