@@ -51,6 +51,10 @@ def _cuda(text: str) -> str | None:
 
 
 def facts_for(engine: Engine) -> list[Fact]:
+    return [fact for fact in _facts(engine) if engine.module or fact.name != "engine_git"]
+
+
+def _facts(engine: Engine) -> list[Fact]:
     return [
         Fact("gpus", "nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap "
                      "--format=csv,noheader,nounits", _gpus),

@@ -20,8 +20,9 @@ import harness
 from harness.config.inventory import Host, Inventory, load_inventory
 from harness.config.playbook import Config, Playbook, load_playbook
 from harness.config.yamlfile import Loc, YamlDoc
-from harness.engines import Engine, get_engine
+from harness.engines import Engine, engine_for
 from harness.errors import InputError
+from harness.remote import remote_dir
 from harness.render import render_string, render_template
 from harness.secrets import Redactor, is_secret
 
@@ -91,6 +92,7 @@ class Sweep:
         pb = self.playbook
         paths = RunPaths.of(host, self.sweep_id, run.run_id)
         port = pb.server.port or self.engine.default_port
+        tools = remote_dir(host.workdir)
         base = {
             "run": {"id": run.run_id, "repeat": run.repeat, "sweep_id": self.sweep_id, "dir": paths.root,
                     "profile_dir": paths.profile_dir, "log": paths.log, "pid_file": paths.pid_file,
@@ -102,6 +104,7 @@ class Sweep:
             "profile": pb.profile.model_dump(), "benchmark": pb.benchmark.model_dump(),
             "vars": pb.vars, "playbook": {"name": pb.name}, "harness_version": harness.__version__,
             "nodes": [host.name], "node_rank": 0, "port": port,
+            "tools": {"dir": tools, "torchprof": f"{tools}/torchprof.py"},
             "server": {"port": port, "host": pb.server.host, "startup_timeout_s": pb.server.startup_timeout_s},
         }
         index = pb.configs.index(run.config)
@@ -185,7 +188,7 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
         if h.transport == "ssh" and not h.venv:
             raise InputError(f"host {h.name!r} has no venv: set `venv:` for it or its group",
                              file=str(inventory.path), key=f"{h.name}.venv")
-    sweep = Sweep(pb, doc, inventory, hosts, get_engine(pb.engine, pb.flavor),
+    sweep = Sweep(pb, doc, inventory, hosts, engine_for(pb),
                   find_template(pb.template, pb.engine, playbook_path), sweep_id or new_sweep_id(pb.name))
     sweep.runs = expand(pb, hosts)
     sweep.validate()

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.config.yamlfile import load_yaml
 
@@ -21,7 +21,6 @@ ArgValue = Union[ArgScalar, list[Union[bool, int, float, str, list[Union[bool, i
 FLAG_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-ENGINES = ("sglang", "vllm", "sim")
 
 
 class Strict(BaseModel):
@@ -70,6 +69,10 @@ class Server(Strict):
     env: Env = Field(default_factory=dict, description="environment for every configuration")
     startup_timeout_s: float = Field(1800, gt=0, description="give up waiting for health after this")
     health_path: str | None = Field(None, description="health endpoint; default: the engine's")
+    module: str | None = Field(None, description="Python module the engine needs (preflight checks it "
+                               "imports); default: the engine's")
+    help_command: str | None = Field(None, description="prints the engine's flags, for the preflight flag "
+                                     "check; default: the engine's; \"\" turns the check off")
 
 
 class Config(Strict):
@@ -111,7 +114,9 @@ class Benchmark(Strict):
 
 
 class Profile(Strict):
-    mode: Literal["engine", "nsys", "none"] = Field("none", description="engine profiler, nsys, or none")
+    mode: Literal["engine", "nsys", "torch", "none"] = Field(
+        "none", description="engine: the engine's profiler; nsys: Nsight Systems around the server; torch: "
+                            "torch.profiler around the server process (any engine); none")
     num_steps: int = Field(10, ge=1, description="forward steps to capture")
     start_step: int | None = Field(None, ge=0)
     concurrency: int = Field(1, ge=1, description="streams kept flowing while the profiler records")
@@ -122,7 +127,8 @@ class Profile(Strict):
 class Playbook(Strict):
     name: str
     hosts: str = Field(description="group, host name or glob from the inventory")
-    engine: Literal["sglang", "vllm", "sim"]
+    engine: Literal["sglang", "vllm", "sim", "openai"] = Field(
+        description="sglang, vllm, sim (the simulator) or openai (any OpenAI-compatible server, by template)")
     flavor: Literal["sglang", "vllm"] = Field("sglang", description="engine: sim imitates this engine")
     template: str | None = Field(None, description="launch template; default templates/<engine>.sh.j2")
     model: ModelSpec
@@ -143,6 +149,14 @@ class Playbook(Strict):
             if names.count(name) > 1:
                 raise ValueError(f"configuration name {name!r} appears twice")
         return configs
+
+    @model_validator(mode="after")
+    def _engine_needs(self):
+        if self.engine == "openai" and not self.template:
+            raise ValueError("engine openai needs `template:` (the script that launches the server)")
+        if self.engine == "openai" and self.profile.mode in ("engine", "nsys"):
+            raise ValueError("engine openai has no profiler protocol: use profile.mode torch or none")
+        return self
 
     @property
     def protocol(self) -> str:

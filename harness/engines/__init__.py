@@ -20,10 +20,10 @@ _ENGINES: dict[str, "Engine"] = {}
 class Engine:
     name: str
     launcher: str            # the command the template runs, inside the venv
-    module: str              # must import in the venv (preflight)
+    module: str              # must import in the venv (preflight; "" : nothing to check)
     default_port: int
-    protocol: str            # health and profiler protocol: "sglang" or "vllm"
-    help_command: str        # prints every accepted flag
+    protocol: str            # health and profiler protocol: "sglang", "vllm" or "openai" (no profiler)
+    help_command: str        # prints every accepted flag ("" : no flag check)
     version_command: str
     health_path: str = "/health"
 
@@ -64,6 +64,17 @@ def get_engine(name: str, flavor: str = "sglang") -> Engine:
     return _ENGINES[name]
 
 
+def engine_for(playbook) -> Engine:
+    """The adapter with the playbook's own settings applied (`server.module`, `server.help_command`)."""
+    engine = get_engine(playbook.engine, playbook.flavor)
+    server = playbook.server
+    module = server.module if server.module is not None else engine.module
+    return replace(engine, module=module,
+                   help_command=server.help_command if server.help_command is not None else engine.help_command,
+                   version_command=(f"python -c 'import {module}; print({module}.__version__)'"
+                                    if module and engine.name == "openai" else engine.version_command))
+
+
 register(Engine(
     name="sglang", launcher="python -m sglang.launch_server", module="sglang", default_port=30000,
     protocol="sglang", help_command="python -m sglang.launch_server --help",
@@ -74,3 +85,9 @@ register(Engine(
     # plain --help lists only the argument groups since vLLM 0.11; --help=all lists every flag
     help_command="vllm serve --help=all",
     version_command="python -c 'import vllm; print(vllm.__version__)'"))
+
+# Any OpenAI-compatible server, launched by the playbook's own template (e.g. `transformers serve`):
+# health on server.health_path, the benchmark over the OpenAI API, profiles by the torch wrapper.
+register(Engine(
+    name="openai", launcher="", module="", default_port=8000, protocol="openai", help_command="",
+    version_command="true"))

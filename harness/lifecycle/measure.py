@@ -49,7 +49,9 @@ def profile(ctx: RunContext) -> dict:
     pb = ctx.sweep.playbook
     p = pb.profile
     ranks = ctx.sweep.engine.ranks(ctx.rendered.args)
-    args = ["profile", "--protocol", ctx.sweep.engine.protocol, "--url", ctx.base_url, "--model",
+    protocol = "torch" if p.mode == "torch" else ctx.sweep.engine.protocol
+    ranks = 1 if p.mode == "torch" else ranks
+    args = ["profile", "--protocol", protocol, "--url", ctx.base_url, "--model",
             pb.model.name, "--dir", ctx.paths.profile_dir, "--ranks", ranks, "--num-steps", p.num_steps,
             "--concurrency", p.concurrency, "--timeout", p.timeout_s,
             "--max-tokens", max(pb.benchmark.max_tokens, 4 * p.num_steps)]

@@ -26,9 +26,9 @@ def preflight(ctx: RunContext) -> dict:
                               "--bind", ctx.server_address, "--dir", paths.root)
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
+    help_list = f"( {ctx.in_venv(engine.help_command)} ) 2>&1 | tail -c 2000000; " if engine.help_command else ""
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
-               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} && {probe}; echo {SEP}; "
-               f"( {ctx.in_venv(engine.help_command)} ) 2>&1 | tail -c 2000000; "
+               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} && {probe}; echo {SEP}; {help_list}"
                f"( {ctx.in_venv(collect_script(facts_for(engine), paths.facts_dir))} ) >/dev/null 2>&1; true")
     result = ctx.sh(command, timeout=600)
     out = result.stdout
@@ -56,6 +56,8 @@ def preflight(ctx: RunContext) -> dict:
     if busy:
         held = "; ".join(f"pid {p['pid']} {p['name']} ({p['memory_mib']} MiB)" for p in busy)
         raise ctx.fail("preflight", f"the GPUs of {ctx.host.name} are busy: {held}")
+    if not engine.help_command:
+        return probe
     if "--help" not in help_text:
         raise ctx.fail("preflight", f"`{engine.help_command}` in {ctx.venv} on {ctx.host.name} listed no "
                        "flags", output=help_text[-2000:])

@@ -182,6 +182,7 @@ def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict 
         "profile": profile_out,
         "facts": parse_facts(facts_for(sweep.engine), ctx.local_dir / "facts"),
         "probe": ctx.record.get("probe"),
+        "teardown": ctx.record.get("teardown"),
         "warnings": ctx.record.get("warnings", []),
         "started": started,
         "finished": time.time(),

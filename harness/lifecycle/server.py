@@ -74,8 +74,10 @@ def stop_command(ctx: RunContext) -> str:
     """Kill the server's process group, wait for the port to close, remove the secrets file."""
     # nsys writes its report after the server gets SIGTERM: give it time before SIGKILL
     grace = 240 if ctx.sweep.playbook.profile.mode == "nsys" else 30
+    devices = ((ctx.record.get("probe") or {}).get("gpus") or {}).get("devices") or []
+    baseline = ",".join(str(d["memory_used_mib"]) for d in devices)
     return (ctx.agent_command("stop", "--pid-file", ctx.paths.pid_file, "--port", ctx.rendered.port,
-                              "--bind", ctx.server_address, "--timeout", grace) + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
+                              "--bind", ctx.server_address, "--timeout", grace, "--gpu-baseline", baseline) + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
 
 
 def teardown(ctx: RunContext) -> dict:
@@ -83,5 +85,9 @@ def teardown(ctx: RunContext) -> dict:
     if not answer.get("port_closed", True):
         holders = answer.get("port_holders")
         ctx.record.setdefault("warnings", []).append(f"port {ctx.rendered.port} still open after teardown: {holders}")
+    if answer.get("gpu_released") is False:
+        ctx.record.setdefault("warnings", []).append(
+            f"GPU memory not released after teardown: {answer['gpu_memory_used_mib']} MiB in use, "
+            f"{answer['gpu_memory_before_mib']} before the launch")
     return answer
 

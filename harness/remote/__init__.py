@@ -1,5 +1,5 @@
-"""Code that runs ON the GPU host, standard library only: the agent (`agent.py`) and the benchmark
-client (`bench.py`). They are uploaded once per connection into a directory named by their content,
+"""Code that runs ON the GPU host, standard library only: the agent (`agent.py`), the benchmark
+client (`bench.py`) and the torch.profiler wrapper (`torchprof.py`). They are uploaded once per connection into a directory named by their content,
 read once per process, so every run of a sweep uses exactly the same bytes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import harness
 
-FILES = ("agent.py", "bench.py")
+FILES = ("agent.py", "bench.py", "torchprof.py")
 
 
 @cache

@@ -152,12 +152,14 @@ def gpus() -> dict:
 
 def cmd_probe(a) -> int:
     out: dict = {"python": sys.version.split()[0], "executable": sys.executable}
-    r = subprocess.run([sys.executable, "-c", f"import {a.module}"], capture_output=True, text=True,
-                       timeout=300)
-    out["module_ok"] = r.returncode == 0
-    if r.returncode:
-        lines = r.stderr.strip().splitlines()
-        out["module_error"] = lines[-1] if lines else f"exit {r.returncode}"
+    out["module_ok"] = True
+    if a.module:
+        r = subprocess.run([sys.executable, "-c", f"import {a.module}"], capture_output=True, text=True,
+                           timeout=300)
+        out["module_ok"] = r.returncode == 0
+        if r.returncode:
+            lines = r.stderr.strip().splitlines()
+            out["module_error"] = lines[-1] if lines else f"exit {r.returncode}"
     out["port_free"] = not port_open(a.bind, a.port) and not port_listeners(a.port)
     if not out["port_free"]:
         out["port_holders"] = port_listeners(a.port)
@@ -222,7 +224,21 @@ def cmd_stop(a) -> int:
     out["port_closed"] = not port_open(a.bind, a.port)
     if not out["port_closed"]:
         out["port_holders"] = port_listeners(a.port)
+    if a.gpu_baseline:
+        out.update(gpu_released(a.gpu_baseline, a.timeout))
     return emit(out)
+
+
+def gpu_released(baseline: str, timeout: float, slack_mib: float = 512) -> dict:
+    """Wait until every GPU is back to its memory use before the launch (within `slack_mib`)."""
+    before = [float(x) for x in baseline.split(",")]
+    deadline = time.monotonic() + timeout
+    while True:
+        now = [d["memory_used_mib"] for d in gpus().get("devices", [])]
+        released = len(now) == len(before) and all(n <= b + slack_mib for n, b in zip(now, before))
+        if released or time.monotonic() > deadline:
+            return {"gpu_released": released, "gpu_memory_used_mib": now, "gpu_memory_before_mib": before}
+        time.sleep(0.5)
 
 
 def group_alive(pgid: int) -> bool:
@@ -284,8 +300,8 @@ def cmd_reap(a) -> int:
 
 # --- profile capture ------------------------------------------------------------------------------
 
-RANK = {"sglang": re.compile(r"-TP-(\d+)"), "vllm": re.compile(r"_tp(\d+)_")}
-TRACE_GLOB = {"sglang": "*.trace.json.gz", "vllm": "*.pt.trace.json.gz"}
+RANK = {"sglang": re.compile(r"-TP-(\d+)"), "vllm": re.compile(r"_tp(\d+)_"), "torch": re.compile(r"torch-()")}
+TRACE_GLOB = {"sglang": "*.trace.json.gz", "vllm": "*.pt.trace.json.gz", "torch": "torch-*.pt.trace.json.gz"}
 
 
 class Traffic:
@@ -327,6 +343,47 @@ def await_traces(a, deadline: float) -> dict[str, int]:
     return last
 
 
+def torch_window(a, out: dict, deadline: float) -> dict[str, int]:
+    """The server runs under torchprof.py: open its window, drive N decode steps, close it, await the files."""
+    answers = out["answers"]
+    def marker(*names: str, until: float) -> str | None:
+        while time.monotonic() < until:
+            for name in names:
+                if os.path.exists(os.path.join(a.dir, name)):
+                    return name
+            time.sleep(0.1)
+        return None
+    open(os.path.join(a.dir, ".start"), "w").close()
+    opened = marker(".started", ".failed", until=min(deadline, time.monotonic() + 120))
+    answers.append({"call": "open the torch.profiler window", "answer": opened or "no answer"})
+    if opened != ".started":
+        out["error"] = ("the server did not open the profiler window: " + (_read(a.dir, ".failed") or
+                        "is it launched through torchprof.py ({{ tools.torchprof }} in the template)?"))
+        return {}
+    body = {"model": a.model, "prompt": a.prompt, "max_tokens": a.num_steps, "temperature": 0,
+            "ignore_eos": True, "stream": False}
+    threads = [threading.Thread(target=http, args=("POST", a.url + "/v1/completions", body, a.timeout))
+               for _ in range(a.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    open(os.path.join(a.dir, ".stop"), "w").close()
+    closed = marker(".done", ".failed", until=deadline)
+    answers.append({"call": "close the torch.profiler window", "answer": closed or "no answer"})
+    if closed != ".done":
+        out["error"] = "the profiler window did not close: " + (_read(a.dir, ".failed") or "timed out")
+    return traces(a.dir, a.protocol)
+
+
+def _read(directory: str, name: str) -> str:
+    try:
+        with open(os.path.join(directory, name)) as f:
+            return f.read()[-2000:]
+    except OSError:
+        return ""
+
+
 def cmd_profile(a) -> int:
     os.makedirs(a.dir, exist_ok=True)
     start = time.monotonic()
@@ -336,6 +393,15 @@ def cmd_profile(a) -> int:
     body = {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": False}
     traffic = None
+    if a.protocol == "torch":
+        files = torch_window(a, out, deadline)
+        out.update(files=[{"name": n, "bytes": s} for n, s in sorted(files.items())],
+                   missing_ranks=[] if files else [0], seconds=time.monotonic() - start,
+                   bytes=sum(files.values()), status="ok" if files else "failed")
+        if not files:
+            out.setdefault("error", f"no torch.profiler trace in {a.dir}")
+            out["hint"] = "launch the server through torchprof.py in the template, and check server.log"
+        return emit(out)
     if a.protocol == "sglang":
         # under nsys the engine only brackets the steps with cudaProfilerStart/Stop; nsys writes its
         # report when the server exits, so there is nothing to await here
@@ -408,7 +474,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="agent", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("probe")
-    pr.add_argument("--module", required=True)
+    pr.add_argument("--module", default="", help="a module the engine needs; empty: no check")
     pr.add_argument("--port", type=int, required=True)
     pr.add_argument("--bind", default="127.0.0.1")
     pr.add_argument("--dir", required=True)
@@ -425,6 +491,7 @@ def main(argv=None) -> int:
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--bind", default="127.0.0.1")
     s.add_argument("--timeout", type=float, default=30.0)
+    s.add_argument("--gpu-baseline", default="", help="MiB used per GPU before launch: wait for it again")
     f = sub.add_parser("profile")
     f.add_argument("--protocol", choices=sorted(TRACE_GLOB), required=True)
     f.add_argument("--url", required=True)
