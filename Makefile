@@ -17,8 +17,8 @@ demo: $(BIN)/harness
 	$(BIN)/harness sweep playbooks/demo.yaml
 
 sshd:
-	@test -x /usr/sbin/sshd || { $(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openssh-server iproute2 >/dev/null; }
+	@test -x /usr/sbin/sshd -a -x /usr/bin/zstd -a -x /usr/sbin/ip || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openssh-server iproute2 zstd >/dev/null; }
 
 test: $(BIN)/harness sshd
 	$(BIN)/python -m pytest -q -rs tests

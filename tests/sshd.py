@@ -9,6 +9,9 @@ connection open but never answers, the failure that keepalives do not detect (pa
     with Sshd(tmp_path) as sshd:
         transport = connect(sshd.host_spec())
 
+`address`, `port` and `prefix` serve another address under a command prefix: tests/netns.py runs
+one inside each network namespace (`prefix=["ip", "netns", "exec", NS]`) on port 22.
+
 A missing sshd is an error, never a skip: CI installs openssh-server and must run these tests.
 """
 
@@ -23,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness.transport.base import HostSpec
@@ -32,16 +36,20 @@ START_TIMEOUT_S = 10.0
 
 
 class Sshd:
-    """One sshd process serving 127.0.0.1:port; a context manager that stops it on exit."""
+    """One sshd process serving address:port; a context manager that stops it on exit."""
 
-    def __init__(self, directory: Path | str | None = None):
+    def __init__(self, directory: Path | str | None = None, *, address: str = "127.0.0.1",
+                 port: int | None = None, prefix: Sequence[str] = ()):
+        """`port` None: a free loopback port. `prefix` runs sshd under a command that then execs it."""
         if not Path(SSHD).exists():
             raise RuntimeError(f"{SSHD} is missing: install openssh-server (apt-get install openssh-server)")
         self._own_dir = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="sshd-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.user = getpass.getuser()
-        self.address = "127.0.0.1"
+        self.address = address
+        self._fixed_port = port
+        self._prefix = list(prefix)
         self.host_key = self._keygen("host_key")
         self.client_key = self._keygen("client_key")
         (self.dir / "authorized_keys").write_text(Path(f"{self.client_key}.pub").read_text())
@@ -61,15 +69,15 @@ class Sshd:
         # sshd refuses to start without its privilege-separation directory.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         for _ in range(3):  # a free port can be taken between probing and binding: try another
-            self.port = _free_port()
+            self.port = self._fixed_port or _free_port()
             config = self.dir / "sshd_config"
             config.write_text(self._config())
             with open(self.log, "ab") as log:
-                self._proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
+                self._proc = subprocess.Popen([*self._prefix, SSHD, "-D", "-e", "-f", str(config)],
                                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             if self._wait_listening():
                 public = Path(f"{self.host_key}.pub").read_text().split()
-                self.known_hosts.write_text(f"[{self.address}]:{self.port} {public[0]} {public[1]}\n")
+                self.known_hosts.write_text(f"{self.known_hosts_name} {public[0]} {public[1]}\n")
                 return self
         raise RuntimeError(f"sshd did not start; its log:\n{self.log.read_text()[-4000:]}")
 
@@ -109,6 +117,11 @@ class Sshd:
                 time.sleep(0.05)
         self.stop()
         return False
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How known_hosts names this server: the bare address on port 22, else [address]:port."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
     @property
     def pid(self) -> int:

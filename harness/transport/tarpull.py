@@ -12,16 +12,26 @@ checks what is left (PEP 706). Names with newlines or a leading `-` are ordinary
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import subprocess
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from harness.errors import RemoteError
 from harness.transport.base import Pulled, shell_path
+
+ZSTD = shutil.which("zstd")  # None: pulls come uncompressed
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 16
+# tarfile's reads from the stream and ours from its members: its defaults (10 and 16 kB) cost a
+# Python call per 10 kB; much larger costs in copies (its stream buffer is re-sliced on every read).
+_TAR_BUFFER = 1 << 18
 
 
 class TooLarge(RemoteError):
@@ -31,31 +41,96 @@ class TooLarge(RemoteError):
 
 
 def tar_command(remote_dir: str, *, compress: bool) -> str:
-    """The command that writes `remote_dir` to stdout as a tar stream.
+    """The command that writes `remote_dir` to stdout as a tar stream, zstd-compressed if asked.
 
     GNU tar exits 1 when a file changed while it was read (a log still being written); the archive
-    holds what it read, which is what we want, so 1 counts as success. gzip -1 because most of what
-    we pull (Kineto JSON traces, logs) shrinks several times and costs the host little CPU; traces
-    already gzipped just pass through.
+    holds what it read, which is what we want, so 1 counts as success.
+
+    Compression is zstd -1 on all the host's cores, when the host has zstd (and so do we: it
+    decompresses here). It shrinks Kineto JSON traces and logs 8-10x and passes already-gzipped traces
+    through at memory speed. gzip -1 is no fallback: at 20-60 MB/s a core (benchmarks/README.md) it
+    is slower than the link it would spare, so a host without zstd sends plain tar. `Staging.extract`
+    tells the two apart by the stream's first bytes.
     """
     tar = f"{{ tar -C {shell_path(remote_dir)} -cf - . || [ $? -eq 1 ]; }}"
-    return f"set -o pipefail; {tar} | gzip -1" if compress else tar
+    if not (compress and ZSTD):
+        return tar
+    return (f"set -o pipefail; {tar} | "
+            "{ if command -v zstd >/dev/null 2>&1; then exec zstd -1 -T0 -q -c; else exec cat; fi; }")
 
 
 class _Reader:
     """A file-like view of a chunk source for tarfile's stream mode, which needs whole reads: it
-    detects compression from the first read, and a chunk from the wire may be a single byte."""
+    detects compression from the first read, and a chunk from the wire may be a single byte.
+
+    What was read stays in the buffer until the next refill, which drops it in one move: deleting
+    it on every read would shift the rest of the buffer each time, copying every byte many times.
+    """
 
     def __init__(self, read: Callable[[], bytes]):
         self._next = read
         self._buf = bytearray()
+        self._pos = 0
 
     def read(self, size: int) -> bytes:
-        while len(self._buf) < size and (chunk := self._next()):
+        while len(self._buf) - self._pos < size and (chunk := self._next()):
+            del self._buf[:self._pos]
+            self._pos = 0
             self._buf += chunk
-        data = bytes(self._buf[:size])
-        del self._buf[:size]
+        data = bytes(self._buf[self._pos:self._pos + size])
+        self._pos += len(data)
         return data
+
+    def peek(self, size: int) -> bytes:
+        """The next `size` bytes (fewer at the end), left to be read again."""
+        data = self.read(size)
+        self._pos -= len(data)
+        return data
+
+
+class _Unzstd:
+    """The local `zstd -d` between the wire and tarfile (the standard library has no zstd before 3.14).
+
+    A thread feeds the wire into zstd while tarfile reads zstd's output, so neither pipe can fill up
+    and block the other. The feeder's failure (our deadline, a lost link) is raised again here, in
+    the reader's thread, once zstd's output ends.
+    """
+
+    def __init__(self, wire: _Reader):
+        self._proc = subprocess.Popen([ZSTD, "-d", "-c", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+        self._error: BaseException | None = None
+        self._feeder = threading.Thread(target=self._feed, args=(wire,), daemon=True)
+        self._feeder.start()
+
+    def _feed(self, wire: _Reader) -> None:
+        try:
+            while chunk := wire.read(_CHUNK):
+                self._proc.stdin.write(chunk)
+        except BrokenPipeError:
+            pass  # zstd stopped (a corrupt stream, or close()): its exit status says which
+        except BaseException as e:  # noqa: BLE001 - handed to the reader's thread
+            self._error = e
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
+
+    def read(self) -> bytes:
+        if data := self._proc.stdout.read1(_CHUNK):
+            return data
+        self._feeder.join()
+        if self._error is not None:
+            raise self._error
+        if self._proc.wait() != 0:
+            raise tarfile.ReadError(f"zstd: {self._proc.stderr.read().decode(errors='replace').strip()}")
+        return b""
+
+    def close(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+        self._feeder.join(5)  # it ends once the wire does: the caller closes the channel on failure
+        for pipe in (self._proc.stdout, self._proc.stderr):
+            pipe.close()
 
 
 class Staging:
@@ -64,6 +139,9 @@ class Staging:
         with Staging(local_dir, label="gpu-01:/tmp/run") as staging:
             staging.extract(read_chunk)
             pulled = staging.commit()   # only now does anything appear under local_dir
+
+    Files are hashed as they are written, while the next bytes are still on the wire: hashing them
+    again after the stream ended took a fifth of a pull's time (benchmarks/README.md).
     """
 
     def __init__(self, local_dir: Path, *, label: str, max_bytes: int | None = None):
@@ -72,6 +150,7 @@ class Staging:
         self.max_bytes = max_bytes
         self.skipped: list[str] = []
         self._total = 0
+        self._files: dict[str, tuple[str, int]] = {}  # relative path -> (sha256, size)
         self.tmp: Path | None = None
 
     def __enter__(self) -> Staging:
@@ -83,11 +162,44 @@ class Staging:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def extract(self, read: Callable[[], bytes]) -> None:
-        """Extract the stream that `read` yields chunk by chunk (b"" at its end) into the staging dir."""
-        with tarfile.open(fileobj=_Reader(read), mode="r|*") as tar:
-            tar.extractall(self.tmp, filter=self._filter)
-        while read():  # the archive's zero padding and the gzip trailer
+        """Extract the stream that `read` yields chunk by chunk (b"" at its end) into the staging dir:
+        plain tar, gzip'd (tarfile finds out) or zstd'd (we do)."""
+        wire = _Reader(read)
+        if wire.peek(4) != _ZSTD_MAGIC:
+            self._extract(wire)
+            return
+        unzstd = _Unzstd(wire)
+        try:
+            self._extract(_Reader(unzstd.read))
+        finally:
+            unzstd.close()
+
+    def _extract(self, stream: _Reader) -> None:
+        """Only directories and regular files, each through `_filter`; nothing here creates a link,
+        so no path can lead outside the staging directory once `_filter` has checked its name."""
+        with tarfile.open(fileobj=stream, mode="r|*", bufsize=_TAR_BUFFER) as tar:
+            for member in tar:
+                if (member := self._filter(member, str(self.tmp))) is None:
+                    continue
+                path = self.tmp / member.name
+                if member.isdir():
+                    path.mkdir(parents=True, exist_ok=True)
+                else:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    self._write(tar.extractfile(member), path, member)
+        while stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
             pass
+
+    def _write(self, source, path: Path, member: tarfile.TarInfo) -> None:
+        digest = hashlib.sha256()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            while chunk := source.read(_TAR_BUFFER):
+                digest.update(chunk)
+                out.write(chunk)
+        os.chmod(path, member.mode)
+        os.utime(path, (member.mtime, member.mtime))
+        self._files[path.relative_to(self.tmp).as_posix()] = (digest.hexdigest(), member.size)
 
     def _filter(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
         why = None
@@ -106,20 +218,14 @@ class Staging:
         return tarfile.data_filter(member, dest)
 
     def commit(self) -> Pulled:
-        """Hash every extracted file, then move the tree into `local_dir` (merging if it exists)."""
-        sha256: dict[str, str] = {}
-        size = 0
-        for root, _dirs, files in os.walk(self.tmp):
-            for name in files:
-                path = Path(root, name)
-                with open(path, "rb") as f:
-                    sha256[path.relative_to(self.tmp).as_posix()] = hashlib.file_digest(f, "sha256").hexdigest()
-                size += path.stat().st_size
+        """Move the extracted tree into `local_dir` (merging if it exists)."""
         if not self.local_dir.exists():
             os.rename(self.tmp, self.local_dir)
         else:
-            for rel in sha256:
+            for rel in self._files:
                 dest = self.local_dir / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(self.tmp / rel, dest)
-        return Pulled(files=len(sha256), bytes=size, sha256=sha256, skipped=tuple(self.skipped))
+        return Pulled(files=len(self._files), bytes=sum(size for _, size in self._files.values()),
+                      sha256={rel: digest for rel, (digest, _) in self._files.items()},
+                      skipped=tuple(self.skipped))

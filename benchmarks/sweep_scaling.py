@@ -1,0 +1,127 @@
+"""Sweep scaling: 8 configurations of the simulated engine on 4 hosts at once against on 1 host.
+
+The hosts are 4 network namespaces of this machine (tests/netns.py), each with its own address and
+sshd, reached over SSH like GPU hosts; their engines are the simulator, through a "remote" venv
+(tests/remote_venv.py). Each run's benchmark is about 8 s of simulated decoding: the servers sleep
+through most of it (a long ITL at time scale 0.25, concurrency at most 4), so 4 servers and their
+benchmark clients fit on a machine with 2 cores. No profiling: the measure is the harness's own cost.
+
+The real command line runs both sweeps (`python -m harness sweep PLAYBOOK -i INV -o OUT`, placement
+pool; `--jobs 4` on the 4 hosts, `--limit host0 --jobs 1` on one). Prints the wall time of each, the
+speedup (the goal is 3.2x), and the sweep's overhead per run:
+
+    (sweep wall time - sum over its runs of manifest phases health + bench) / runs
+
+that is, what the harness adds to each run beyond the server's own startup and the benchmark:
+connecting, preflight, uploads, launch, collection, teardown, and the wait between runs. On 4 hosts
+4 runs share the wall time, so there the figure counts host time: (4 x wall - sum) / runs, which
+includes a host's idle wait for the sweep's last run.
+
+Needs root (network namespaces). Run as:  .venv/bin/python benchmarks/sweep_scaling.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.netns import netns_hosts  # noqa: E402
+from tests.remote_venv import make_remote_venv  # noqa: E402
+
+HOSTS = 4
+CONFIGS = 8
+PORT = 30600
+
+
+def playbook(path: Path) -> Path:
+    """8 configurations of simulated SGLang that cost the same (the static memory fraction does not
+    change the simulator's latency), so the speedup measures the harness and not an uneven playbook;
+    at time scale 0.25 each benchmark decodes for about 8 s."""
+    pb = {
+        "name": "scaling",
+        "hosts": "gpu",
+        "engine": "sglang",
+        "model": {"path": "/models/GLM-5-NVFP4", "served_name": "glm-5"},
+        "server": {"port": PORT, "args": {"tp-size": 8, "kv-cache-dtype": "fp8_e4m3"},
+                   "env": {"HARNESS_SIM_TIME_SCALE": "0.25", "HARNESS_SIM_STARTUP_S": "1"},
+                   "startup_timeout_s": 120},
+        "configs": [{"name": f"mem{80 + i}", "args": {"mem-fraction-static": (80 + i) / 100}}
+                    for i in range(CONFIGS)],
+        "benchmark": {"prompt": "The quick brown fox jumps over the lazy dog", "max_tokens": 48,
+                      "concurrency": [1, 4], "requests": 4, "warmup": 1, "timeout_s": 300},
+        "profile": {"mode": "none"},
+        "placement": "pool",
+    }
+    path.write_text(yaml.safe_dump(pb, sort_keys=False))
+    return path
+
+
+def inventory(path: Path, hosts, venv: Path) -> Path:
+    inv = {"all": {"children": {"gpu": {
+        "vars": {"venv": str(venv)},
+        "hosts": {h.name: {"address": h.address, "port": h.sshd.port, "user": h.sshd.user,
+                           "identity_file": str(h.sshd.client_key), "known_hosts": str(h.sshd.known_hosts),
+                           "workdir": str(h.workdir)} for h in hosts}}}}}
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def sweep(pb: Path, inv: Path, out: Path, *extra: str) -> tuple[float, list[dict]]:
+    """Run the sweep with the real command line; its wall time and its runs' manifests."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "harness", "sweep", str(pb), "-i", str(inv), "-o", str(out),
+                           *extra], cwd=REPO, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        failed = [(p.parent.name, json.loads(p.read_text()).get("error")) for p in out.glob("*/runs/*/manifest.json")]
+        raise SystemExit(f"sweep {' '.join(extra)} failed ({done.returncode}): {failed}\n{done.stderr[-3000:]}")
+    manifests = [json.loads(p.read_text()) for p in out.glob("*/runs/*/manifest.json")]
+    failed = [(m["run_id"], m.get("error")) for m in manifests if m["status"] != "ok"]
+    if len(manifests) != CONFIGS or failed:
+        raise SystemExit(f"expected {CONFIGS} ok runs, got {len(manifests)} (failed: {failed})")
+    return wall, manifests
+
+
+def report(label: str, wall: float, manifests: list[dict], *, slots: int) -> float:
+    """Print the sweep's figures; return its overhead per run, counting `slots` hosts' time."""
+    phase = {name: sum(m["phases"][name]["seconds"] for m in manifests) for name in manifests[0]["phases"]}
+    server = phase["health"] + phase["bench"]
+    overhead = (wall * slots - server) / len(manifests)
+    phases = ", ".join(f"{name} {seconds / len(manifests):.2f}" for name, seconds in phase.items())
+    print(f"{label:8} wall {wall:6.1f} s  health+bench {server:6.1f} s  overhead/run {overhead:5.2f} s"
+          f"  (mean phases, s: {phases})")
+    return overhead
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    with tempfile.TemporaryDirectory(prefix="sweep-scaling-") as tmp_name:
+        tmp = Path(tmp_name)
+        venv = make_remote_venv(tmp / "venv", engines=("sglang",))
+        with netns_hosts(HOSTS, tmp / "hosts") as hosts:
+            pb = playbook(tmp / "playbook.yaml")
+            inv = inventory(tmp / "inventory.yaml", hosts, venv)
+            one_wall, one = sweep(pb, inv, tmp / "one", "--limit", hosts[0].name, "--jobs", "1")
+            four_wall, four = sweep(pb, inv, tmp / "four", "--jobs", str(HOSTS))
+    print(f"{CONFIGS} configurations of the simulated engine (time scale 0.25, ~8 s of decoding each), "
+          f"{os.cpu_count()} CPU cores")
+    one_overhead = report("1 host", one_wall, one, slots=1)
+    four_overhead = report(f"{HOSTS} hosts", four_wall, four, slots=HOSTS)
+    print(f"summary: speedup {one_wall / four_wall:.2f}x on {HOSTS} hosts (goal 3.2x); "
+          f"overhead per run {one_overhead:.2f} s on 1 host, {four_overhead:.2f} s of host time on {HOSTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Several SSH hosts on one machine: a network namespace each, reached over a veth pair.
+
+Loopback cannot lose a link; a namespace can. Each host gets a namespace of its own, a veth pair
+(10.213.X.1 on this side, 10.213.X.2 inside) and a real sshd (tests/sshd.py) serving port 22 inside
+it, with its own host key pinned in its own known_hosts file. `link_down()` takes this side of the
+pair down: packets stop both ways while both TCP ends stay open, like a pulled cable or a switch that
+reboots. `freeze()` SIGSTOPs the host's sshd: a peer that holds the link but never answers.
+
+    with netns_hosts(4, tmp_path) as hosts:
+        transport = connect(hosts[0].host_spec())
+        hosts[0].link_down()
+
+Needs root and `ip netns`; otherwise `pytest.skip` says why (CI runs as root and fails on skipped
+end-to-end tests, so there it must work). Every sshd runs commands as root on this machine's
+filesystem: hosts share files, so give each its own working directory. `tc netem` (delay, loss) is
+not available on every kernel, so nothing here depends on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import itertools
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.transport.base import HostSpec
+from tests.sshd import Sshd
+
+# Namespaces are named PREFIX-<pid>-<serial>, so a session can tell its own from a dead session's.
+PREFIX = "harness-test"
+SUBNET = ipaddress.ip_network("10.213.0.0/16")
+_serials = itertools.count()  # unique names within this session, however many times hosts are made
+
+
+class NetnsHost:
+    """One namespace with an address, a veth pair to this side, and an sshd."""
+
+    def __init__(self, index: int, directory: Path, octet: int):
+        self.name = f"host{index}"
+        serial = next(_serials)
+        self.netns = f"{PREFIX}-{os.getpid()}-{serial}"
+        self.veth = f"hv{os.getpid()}x{serial}"  # this side's end; Linux allows 15 characters
+        self._peer = f"{self.veth}p"
+        self.gateway = f"10.213.{octet}.1"
+        self.address = f"10.213.{octet}.2"
+        self.workdir = directory / "work"
+        self.sshd = Sshd(directory / "sshd", address=self.address, port=22,
+                         prefix=["ip", "netns", "exec", self.netns])
+
+    def create(self) -> None:
+        _ip("netns", "add", self.netns)
+        _ip("link", "add", self.veth, "type", "veth", "peer", "name", self._peer)
+        _ip("link", "set", self._peer, "netns", self.netns)
+        _ip("addr", "add", f"{self.gateway}/24", "dev", self.veth)
+        _ip("link", "set", self.veth, "up")
+        inside = ["-n", self.netns]
+        _ip(*inside, "addr", "add", f"{self.address}/24", "dev", self._peer)
+        _ip(*inside, "link", "set", self._peer, "up")
+        _ip(*inside, "link", "set", "lo", "up")
+        _ip(*inside, "route", "add", "default", "via", self.gateway)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sshd.start()
+
+    def host_spec(self, name: str | None = None, **overrides) -> HostSpec:
+        return self.sshd.host_spec(name or self.name, **overrides)
+
+    def link_down(self) -> None:
+        """Cut the link: nothing passes either way; open connections notice nothing until they time out."""
+        _ip("link", "set", self.veth, "down")
+
+    def link_up(self) -> None:
+        _ip("link", "set", self.veth, "up")
+
+    def freeze(self) -> None:
+        self.sshd.freeze()
+
+    def thaw(self) -> None:
+        self.sshd.thaw()
+
+    def destroy(self) -> None:
+        """Stop the sshd, delete the veth pair (now: the kernel drops a deleted namespace's own links
+        a little later), then the namespace."""
+        self.sshd.stop()
+        subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
+        _delete_namespace(self.netns)
+
+
+@contextlib.contextmanager
+def netns_hosts(count: int, directory: Path) -> Iterator[list[NetnsHost]]:
+    """`count` hosts, each in a namespace of its own with an sshd; all gone on exit, even after a failure."""
+    _require_netns()
+    _remove_stale_namespaces()
+    hosts = [NetnsHost(i, directory / f"host{i}", octet) for i, octet in enumerate(_free_octets(count))]
+    try:
+        for host in hosts:
+            host.create()
+        yield hosts
+    finally:
+        for host in hosts:
+            host.destroy()
+
+
+def _require_netns() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    if shutil.which("ip") is None:
+        pytest.skip("`ip` is missing: install iproute2 (make sshd does)")
+    probe = f"{PREFIX}-{os.getpid()}-probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"`ip netns add` failed: {made.stderr.strip()}")
+    _delete_namespace(probe)
+
+
+def _free_octets(count: int) -> list[int]:
+    """Third octets X of 10.213.X.0/24 subnets that no interface of this machine overlaps yet.
+    Two sessions creating hosts at the same instant could pick the same subnet (Linux accepts an
+    address twice); their connections would then fail on host key checks, never reach a wrong host
+    unnoticed."""
+    listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                             check=True).stdout
+    used = [ipaddress.ip_interface(cidr).network for cidr in re.findall(r"inet (\S+)", listing)]
+    free = [net for net in SUBNET.subnets(new_prefix=24) if not any(net.overlaps(u) for u in used)]
+    octets = [net.network_address.packed[2] for net in free if 0 < net.network_address.packed[2] < 255]
+    if len(octets) < count:
+        raise RuntimeError(f"fewer than {count} free /24 subnets left in {SUBNET}")
+    return octets[:count]
+
+
+def _remove_stale_namespaces() -> None:
+    """Delete namespaces left by test sessions that were killed before they could clean up."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if name.startswith(f"{PREFIX}-") and len(parts) == 4 and parts[2].isdigit() \
+                and not Path(f"/proc/{parts[2]}").exists():
+            _delete_namespace(name)
+
+
+def _delete_namespace(name: str) -> None:
+    """Kill whatever still runs in the namespace, then delete it."""
+    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), 9)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
