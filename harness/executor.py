@@ -65,6 +65,7 @@ class HostState:
     attempts: int = 0               # failed connection attempts in a row
     error: HarnessError | None = None
     dead: bool = False
+    lost: bool = False              # the heartbeat stopped hearing from it mid-run
 
 
 class Transient(Exception):
@@ -194,7 +195,7 @@ class Executor:
                              f"{self.sweep.redactor.text(str(e))}")
             self.display.host(host.name, "down" if not state.dead else f"dead: {e.kind}")
             return False
-        state.transport, state.attempts, state.error = transport, 0, None
+        state.transport, state.attempts, state.error, state.lost = transport, 0, None, False
         self.display.host(host.name, "idle")
         return True
 
@@ -210,7 +211,7 @@ class Executor:
 
     def _run(self, spec: RunSpec, state: HostState) -> None:
         attempts = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.retries + 1),
+            stop=tenacity.stop_any(tenacity.stop_after_attempt(self.retries + 1), lambda _: state.lost),
             wait=tenacity.wait_exponential_jitter(initial=2, max=60),
             retry=tenacity.retry_if_exception_type(Transient),
             sleep=lambda s: self.stop.wait(s), reraise=True)
@@ -218,11 +219,14 @@ class Executor:
             manifest = attempts(self._attempt, spec, state)
         except Transient as t:
             manifest = t.manifest
-            error = manifest["error"]
-            if error["kind"] == "unreachable" and self._others_alive(spec, state):
+            gone = state.lost or manifest["error"]["kind"] == "unreachable"
+            if gone and self._others_alive(spec, state):
                 # the host went away under us: set it aside, let another host run this again
+                if state.transport is not None:
+                    state.transport.close()
                 state.transport, state.attempts = None, state.attempts + 1
-                self.journal.append(spec.run_id, "retry", host=state.host.name, error_kind="unreachable")
+                self.journal.append(spec.run_id, "retry", host=state.host.name,
+                                    error_kind=manifest["error"]["kind"])
                 self._give_back(spec)
                 return
         self._finish(spec, state, manifest)
@@ -249,7 +253,7 @@ class Executor:
             with self.lock:
                 self.in_flight.pop(spec.run_id, None)
         error = manifest.get("error") or {}
-        if error.get("kind") in TRANSIENT and not self.stop.is_set():
+        if (error.get("kind") in TRANSIENT or state.lost) and not self.stop.is_set():
             self.display.log(f"[{host.name}] {spec.run_id}: attempt {attempt} failed "
                              f"({error['kind']}: {error['message']})")
             raise Transient(manifest)
@@ -274,8 +278,14 @@ class Executor:
     # --- leases ---------------------------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        """Renew the lease of every running server, over a connection of its own per host."""
+        """Renew the lease of every running server, over a connection of its own per host.
+
+        It doubles as the failure detector that keepalives are not (paramiko #2463): a host that has
+        not answered for a whole lease is lost (its watchdog is stopping the server by now), so its
+        worker's connection is closed under the run in flight, which then fails over to another host.
+        """
         links: dict[str, object] = {}
+        answered: dict[str, float] = {}
         interval = max(1.0, self.lease_s / 4)
         while not self.stop.wait(interval):
             with self.lock:
@@ -283,15 +293,29 @@ class Executor:
                 for ctx in self.in_flight.values():
                     by_host.setdefault(ctx.host.name, []).append(ctx.paths.lease)
             for name, leases in by_host.items():
+                answered.setdefault(name, time.monotonic())
                 try:
                     link = links.get(name) or links.setdefault(name, connect(self.hosts[name].host.spec()))
                     link.run("touch -c " + " ".join(map(shlex.quote, leases)), timeout=interval, check=False)
+                    answered[name] = time.monotonic()
                 except HarnessError:
                     dropped = links.pop(name, None)
                     if dropped is not None:
                         dropped.close()
+                    if time.monotonic() - answered[name] > self.lease_s:
+                        self._lost(self.hosts[name], time.monotonic() - answered[name])
+                        answered.pop(name)
         for link in links.values():
             link.close()
+
+    def _lost(self, state: HostState, silent_s: float) -> None:
+        if state.lost:
+            return
+        state.lost = True
+        self.display.log(f"[{state.host.name}] lost: no answer for {silent_s:.0f} s; its runs go elsewhere")
+        self.display.host(state.host.name, "lost")
+        if state.transport is not None:
+            state.transport.close()  # the run in flight fails now instead of waiting on a dead link
 
     # --- resume and the end -----------------------------------------------------------------------
 
