@@ -16,9 +16,11 @@ $(BIN)/harness: pyproject.toml
 demo: $(BIN)/harness
 	$(BIN)/harness sweep playbooks/demo.yaml
 
+# what the end-to-end tests run for real: an OpenSSH server, network namespaces, zstd, a headless browser
 sshd:
-	@test -x /usr/sbin/sshd -a -x /usr/bin/zstd -a -x /usr/sbin/ip || { $(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openssh-server iproute2 zstd >/dev/null; }
+	@test -x /usr/sbin/sshd -a -x /usr/bin/zstd -a -x /usr/sbin/ip -a -x /usr/bin/chromium || { \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+		openssh-server iproute2 zstd chromium >/dev/null; }
 
 test: $(BIN)/harness sshd
 	$(BIN)/python -m pytest -q -rs tests

@@ -64,6 +64,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     from harness.plan import load_sweep
     from harness.report.compare import collect, table
     from harness.report.live import Display
+    from harness.report.references import sweep_misses
     from harness.results import latest_sweep
 
     until = None
@@ -90,8 +91,12 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if outcome.fatal:
         err.print(f"[red]error:[/] {outcome.fatal}")
         raise typer.Exit(1)
+    misses = sweep_misses(outcome.sweep_dir)
+    for miss in misses:
+        err.print(f"[red]reference missed:[/] {miss}", highlight=False)
     if outcome.failed:
         err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
+    if outcome.failed or misses:
         raise typer.Exit(1)
 
 
@@ -184,16 +189,31 @@ def analyze(path: Path, top: Annotated[int, typer.Option(help="kernels to show")
 def compare(results: list[Path],
             baseline: Annotated[Optional[str], typer.Option(help="configuration to compare against")] = None,
             format: Annotated[str, typer.Option(help="table, json, csv or markdown")] = "table"):
-    """Configurations side by side, from results directories alone."""
+    """Configurations side by side, from results directories alone; exit 1 when a reference is missed."""
     from harness.report import compare as cmp
 
-    rows = cmp.collect(results)
+    rows = cmp.collect(results, baseline=baseline)
     if format == "table":
-        out.print(cmp.table(rows, baseline=baseline))
+        out.print(cmp.table(rows))
     elif format in ("json", "csv", "markdown"):
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
     else:
         raise InputError(f"unknown format {format!r}: table, json, csv or markdown", key="--format")
+    misses = [m["message"] for r in rows for m in r["misses"]]
+    if misses:
+        err.print(f"[red]{len(misses)} reference(s) missed[/]", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+@exits
+def report(results: list[Path],
+           output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
+           baseline: Annotated[Optional[str], typer.Option(help="configuration to compare against")] = None):
+    """A self-contained HTML report: comparison, roofline, plots, failures and host facts."""
+    from harness.report.html import write_report
+
+    out.print(f"wrote {write_report(results, output, baseline=baseline)}")
 
 
 @app.command()

@@ -97,7 +97,9 @@ class Benchmark(Strict):
     requests: int | None = Field(None, ge=1, description="requests per level; default: max(16, 2 x concurrency)")
     warmup: int = Field(1, ge=0, description="unmeasured requests before each level")
     api: Literal["completions", "chat"] = "completions"
-    ignore_eos: bool = True
+    ignore_eos: bool = Field(True, description="ask for exactly max_tokens (false: send no ignore_eos field)")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="fields added to every request, "
+                                       "for engine-specific knobs (e.g. transformers' generation_config)")
     timeout_s: float = Field(600, gt=0, description="per request")
 
     @field_validator("concurrency", mode="before")
@@ -124,6 +126,41 @@ class Profile(Strict):
     max_mb: float | None = Field(None, gt=0, description="refuse to pull a profile larger than this")
 
 
+REFERENCE_METRIC = re.compile(r"^((ttft|itl|tpot|e2e)_ms_(mean|std|min|p50|p90|p95|p99|max)|output_tok_s|"
+                              r"requests_per_s|efficiency)$")
+
+
+class Reference(Strict):
+    """An expected value and how far a result may stray from it, ReFrame's (ref, lower_thres, upper_thres):
+    the result must lie in [value * (1 + lower), value * (1 + upper)]; null leaves that side open.
+    Short form: [value, lower, upper]."""
+    value: float
+    lower: float | None = Field(None, ge=-1, le=0, description="relative lower bound, e.g. -0.1")
+    upper: float | None = Field(None, ge=0, description="relative upper bound, e.g. 0.1")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, v):
+        if isinstance(v, (list, tuple)):
+            if len(v) != 3:
+                raise ValueError("the short form lists value, lower and upper, e.g. [97, -0.1, 0.1]")
+            return dict(zip(("value", "lower", "upper"), v))
+        return v
+
+
+def _check_references(refs: dict) -> dict:
+    for metrics in refs.values():
+        for metric in metrics:
+            if not REFERENCE_METRIC.match(metric):
+                raise ValueError(f"unknown metric {metric!r}: use e.g. itl_ms_p50, ttft_ms_p99, tpot_ms_p50, "
+                                 "output_tok_s, requests_per_s or efficiency")
+    return refs
+
+
+References = Annotated[dict[str, dict[str, Union[Reference, dict[int, Reference]]]],
+                       AfterValidator(_check_references)]
+
+
 class Playbook(Strict):
     name: str
     hosts: str = Field(description="group, host name or glob from the inventory")
@@ -140,6 +177,9 @@ class Playbook(Strict):
     placement: Literal["pool", "each"] = "pool"
     secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")
     vars: dict[str, Any] = Field(default_factory=dict, description="free variables for the template")
+    references: References = Field(default_factory=dict, description="expected results: config name or "
+                                   "\"*\" -> metric -> reference, or -> {concurrency: reference}; a miss "
+                                   "fails the sweep and compare")
 
     @field_validator("configs")
     @classmethod

@@ -7,6 +7,7 @@ protocol (SGLang's num_steps with traffic flowing, vLLM's start/stop) runs in th
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from harness.errors import RemoteTimeout
@@ -23,6 +24,8 @@ def bench(ctx: RunContext) -> None:
         words += ["--requests", b.requests]
     words += ["--prompt", b.prompt] if b.prompt else ["--prompt-tokens", b.prompt_tokens or 16]
     words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
+    if b.extra_body:
+        words += ["--extra-body", json.dumps(b.extra_body)]
     command = ctx.in_venv(f"python {q(ctx.tools_dir + '/bench.py')} " + " ".join(q(str(w)) for w in words))
     # the worst case: every request of every level runs into its own timeout, one wave after another
     waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
@@ -61,6 +64,10 @@ def profile(ctx: RunContext) -> dict:
         args.append("--nsys")
     if pb.benchmark.prompt:
         args += ["--prompt", pb.benchmark.prompt]
+    if not pb.benchmark.ignore_eos:
+        args.append("--no-ignore-eos")
+    if pb.benchmark.extra_body:
+        args += ["--extra-body", json.dumps(pb.benchmark.extra_body)]
     answer = ctx.agent(*args, timeout=p.timeout_s + 120)
     answer["num_steps"] = p.num_steps
     answer["mode"] = p.mode

@@ -343,6 +343,14 @@ def await_traces(a, deadline: float) -> dict[str, int]:
     return last
 
 
+def request_body(a, max_tokens: int) -> dict:
+    body = {"model": a.model, "prompt": a.prompt, "max_tokens": max_tokens, "temperature": 0, "stream": False}
+    if a.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(json.loads(a.extra_body) if a.extra_body else {})
+    return body
+
+
 def torch_window(a, out: dict, deadline: float) -> dict[str, int]:
     """The server runs under torchprof.py: open its window, drive N decode steps, close it, await the files."""
     answers = out["answers"]
@@ -360,14 +368,19 @@ def torch_window(a, out: dict, deadline: float) -> dict[str, int]:
         out["error"] = ("the server did not open the profiler window: " + (_read(a.dir, ".failed") or
                         "is it launched through torchprof.py ({{ tools.torchprof }} in the template)?"))
         return {}
-    body = {"model": a.model, "prompt": a.prompt, "max_tokens": a.num_steps, "temperature": 0,
-            "ignore_eos": True, "stream": False}
-    threads = [threading.Thread(target=http, args=("POST", a.url + "/v1/completions", body, a.timeout))
-               for _ in range(a.concurrency)]
+    body = request_body(a, a.num_steps)
+    replies: list[tuple[int, str]] = []
+    threads = [threading.Thread(target=lambda: replies.append(
+        http("POST", a.url + "/v1/completions", body, a.timeout))) for _ in range(a.concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
+    refused = [f"HTTP {code}: {text[:200]}" for code, text in replies if code != 200]
+    answers.append({"call": f"{a.concurrency} x POST /v1/completions ({a.num_steps} tokens)",
+                    "answer": refused[0] if refused else "200"})
+    if refused and len(refused) == len(replies):
+        out["error"] = f"every request sent while profiling failed ({refused[0]}): the trace holds no steps"
     open(os.path.join(a.dir, ".stop"), "w").close()
     closed = marker(".done", ".failed", until=deadline)
     answers.append({"call": "close the torch.profiler window", "answer": closed or "no answer"})
@@ -390,14 +403,13 @@ def cmd_profile(a) -> int:
     deadline = start + a.timeout
     answers = []
     out: dict = {"protocol": a.protocol, "dir": a.dir, "expected_ranks": a.ranks, "answers": answers}
-    body = {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": False}
+    body = request_body(a, a.max_tokens)
     traffic = None
     if a.protocol == "torch":
         files = torch_window(a, out, deadline)
         out.update(files=[{"name": n, "bytes": s} for n, s in sorted(files.items())],
                    missing_ranks=[] if files else [0], seconds=time.monotonic() - start,
-                   bytes=sum(files.values()), status="ok" if files else "failed")
+                   bytes=sum(files.values()), status="ok" if files and "error" not in out else "failed")
         if not files:
             out.setdefault("error", f"no torch.profiler trace in {a.dir}")
             out["hint"] = "launch the server through torchprof.py in the template, and check server.log"
@@ -507,6 +519,8 @@ def main(argv=None) -> int:
     f.add_argument("--stable-s", type=float, default=1.0)
     f.add_argument("--step-hint-s", type=float, default=2.0, help="vLLM: traffic time between start and stop")
     f.add_argument("--nsys", action="store_true", help="the server runs under nsys: drive its capture range")
+    f.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    f.add_argument("--extra-body", default="", help="a JSON object of fields added to every request")
     wd = sub.add_parser("watch")
     wd.add_argument("--pid-file", required=True)
     wd.add_argument("--lease", required=True)

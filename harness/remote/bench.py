@@ -601,12 +601,13 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
                   warmup: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, prompt: Optional[str] = None,
                   prompt_tokens: Optional[int] = None, api: str = "completions", ignore_eos: bool = True,
                   timeout: float = DEFAULT_TIMEOUT_S, duration: Optional[float] = None, workers: int = 1,
-                  progress: Optional[Callable[[dict], None]] = None) -> dict:
+                  progress: Optional[Callable[[dict], None]] = None, extra_body: Optional[dict] = None) -> dict:
     """Run every concurrency level; return bench.json's content plus "requests" (requests.jsonl's lines).
 
     `requests` is per level (default: max(2 x concurrency, 16); with `duration`, a cap). Raises
     ValueError on bad arguments; failed requests are recorded, never raised. `progress` is called with
-    each level as it finishes.
+    each level as it finishes. `ignore_eos` is sent only when true (some servers refuse unknown
+    fields, transformers serve with HTTP 422); `extra_body` adds engine-specific fields to every request.
     """
     _check(bool(concurrency) and all(c >= 1 for c in concurrency), "concurrency must be positive integers")
     _check(requests is None or requests >= 1, "requests must be at least 1")
@@ -620,8 +621,11 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     words = None if prompt is not None else (prompt_tokens or DEFAULT_PROMPT_WORDS)
     text = prompt if prompt is not None else synthetic_prompt(words)
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
     body.update({"messages": [{"role": "user", "content": text}]} if api == "chat" else {"prompt": text})
+    body.update(extra_body or {})
     target = build_target(url, body, api)
 
     result = {"schema": SCHEMA, "url": url, "model": model, "api": api, "max_tokens": max_tokens,
@@ -705,7 +709,10 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-tokens", type=int,
                      help=f"a synthetic prompt of N words (default {DEFAULT_PROMPT_WORDS})")
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask the server to ignore end-of-sequence (--no-ignore-eos sends no such field)")
+    p.add_argument("--extra-body", type=json.loads, default=None,
+                   help="a JSON object of fields added to every request (engine-specific)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per request")
     p.add_argument("--workers", type=int, default=1,
                    help="processes to split each level's streams over (default 1; raise it only beyond "
@@ -721,6 +728,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.url, args.model, concurrency=args.concurrency, requests=args.requests, warmup=args.warmup,
             max_tokens=args.max_tokens, prompt=args.prompt, prompt_tokens=args.prompt_tokens, api=args.api,
             ignore_eos=args.ignore_eos, timeout=args.timeout, duration=args.duration, workers=args.workers,
+            extra_body=args.extra_body,
             progress=lambda level: print(format_level(level), file=sys.stderr, flush=True))
     except ValueError as e:
         print(f"bench.py: error: {e}", file=sys.stderr)

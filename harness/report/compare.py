@@ -1,8 +1,11 @@
 """Configurations side by side, from results directories alone (a colleague's are as good as yours).
 
 Rows: one per configuration and concurrency level (repeats of a configuration are pooled by their
-median). Columns: TTFT p50, ITL p50/p99, TPOT p50, output tok/s, and, when the runs were profiled,
-the top kernel categories and how they moved against the baseline configuration.
+median). Each row carries every statistic of TTFT, ITL, TPOT and E2E (`itl_ms_p50`, `ttft_ms_p99`, ...),
+output tok/s, the roofline (`theoretical_ms`, `efficiency`: see `harness.analysis.roofline`), the moves of
+ITL p50 and tok/s against the baseline configuration (`itl_vs_baseline`, `tok_s_vs_baseline`, as
+fractions), the playbook's reference misses and, when the runs were profiled, where the GPU time went.
+Every format (table, json, csv, markdown) carries the same fields.
 """
 
 from __future__ import annotations
@@ -18,16 +21,27 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from harness.analysis.roofline import format_efficiency, roofline_for
 from harness.errors import InputError
 from harness.report.analysis_view import short_name
+from harness.report.references import check_references, references_of
 from harness.results import find_sweeps, load_runs, read_json
 
 METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
            ("itl_ms", "p99", "ITL\np99 ms"), ("tpot_ms", "p50", "TPOT\np50 ms")]
+"""The statistics csv and markdown show (the terminal table all but TPOT, to fit 80 columns); rows carry
+all of DISTRIBUTIONS x STATS."""
+DISTRIBUTIONS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
+FIELDS = (["config", "concurrency", "runs", "ok"] + [f"{m}_{q}" for m, q, _ in METRICS]
+          + ["output_tok_s", "theoretical_ms", "efficiency", "baseline", "itl_vs_baseline", "tok_s_vs_baseline",
+             "misses", "error"])
+"""The columns of csv and markdown, in order (json has every field of a row)."""
 
 
-def collect(paths: list[Path]) -> list[dict]:
-    """One row per (configuration, concurrency); failed runs get a row with their error."""
+def collect(paths: list[Path], *, baseline: str | None = None) -> list[dict]:
+    """One row per (configuration, concurrency); failed runs get a row with their error. Deltas are
+    against `baseline` (default: the first configuration); misses against the sweeps' references."""
     sweeps = [s for p in paths for s in find_sweeps(p)]
     if not sweeps:
         raise InputError("no sweep results here (expected sweep.json or runs/*/manifest.json)",
@@ -41,8 +55,16 @@ def collect(paths: list[Path]) -> list[dict]:
                 key = (manifest["config"]["name"], level and level["concurrency"])
                 if key not in groups:
                     order.append(key)
+                if level is not None:  # the roofline needs the prompt length, which bench.json keeps once
+                    level = level | {"prompt_tokens": bench.get("prompt_tokens")}
                 groups.setdefault(key, []).append((manifest | {"_dir": str(sweep_dir)}, level))
-    return [_row(name, conc, groups[(name, conc)]) for name, conc in order]
+    rows = [_row(name, conc, groups[(name, conc)]) for name, conc in order]
+    _deltas(rows, baseline)
+    misses = check_references(rows, references_of(sweeps))
+    for row in rows:
+        row["misses"] = [m.as_dict() for m in misses
+                         if (m.config, m.concurrency) == (row["config"], row["concurrency"])]
+    return rows
 
 
 def _row(config: str, concurrency: int | None, runs: list[tuple[dict, dict | None]]) -> dict:
@@ -50,16 +72,40 @@ def _row(config: str, concurrency: int | None, runs: list[tuple[dict, dict | Non
     row: dict = {"config": config, "concurrency": concurrency, "runs": len(runs), "ok": len(ok),
                  "hosts": sorted({m["host"].get("name") for m, _ in runs if m.get("host")})}
     failed = [m for m, _ in runs if m["status"] != "ok"]
-    if failed:
-        err = failed[0].get("error") or {}
-        row["error"] = f"{err.get('kind')}: {err.get('message', '')}".strip()
-    for metric, q, _ in METRICS:
-        values = [lv[metric][q] for _, lv in ok if lv.get(metric) and lv[metric].get(q) is not None]
-        row[f"{metric}_{q}"] = statistics.median(values) if values else None
-    tok_s = [lv["output_tok_s"] for _, lv in ok if lv.get("output_tok_s") is not None]
-    row["output_tok_s"] = statistics.median(tok_s) if tok_s else None
+    err = (failed[0].get("error") or {}) if failed else None
+    row["error"] = err and f"{err.get('kind')}: {err.get('message', '')}".strip()
+    for metric in DISTRIBUTIONS:
+        for q in STATS:
+            row[f"{metric}_{q}"] = _median([(lv.get(metric) or {}).get(q) for _, lv in ok])
+    for metric in ("output_tok_s", "requests_per_s"):
+        row[metric] = _median([lv.get(metric) for _, lv in ok])
+    roof = roofline_for(*(ok or runs)[0])
+    row["theoretical_ms"] = roof and roof["theoretical_ms"]
+    row["theoretical_tok_s"] = roof and roof["theoretical_tok_s"]
+    row["efficiency"] = roof["theoretical_ms"] / row["itl_ms_p50"] if roof and row["itl_ms_p50"] else None
+    row["roofline"] = roof and {k: roof[k] for k in ("gpu", "bandwidth_gbs", "bandwidth_source", "gpus",
+                                                     "context_tokens", "weight_bytes", "kv_bytes")}
     row["analysis"] = _analysis(ok or runs)
     return row
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _deltas(rows: list[dict], name: str | None) -> None:
+    """ITL p50 and tok/s of each row against the baseline configuration's row at the same level."""
+    base = {r["concurrency"]: r for r in _baseline(rows, name)}
+    for row in rows:
+        ref = base.get(row["concurrency"]) or {}
+        row["baseline"] = ref.get("config")
+        row["itl_vs_baseline"] = _change(row.get("itl_ms_p50"), ref.get("itl_ms_p50"))
+        row["tok_s_vs_baseline"] = _change(row.get("output_tok_s"), ref.get("output_tok_s"))
+
+
+def _change(value: float | None, ref: float | None) -> float | None:
+    return None if value is None or not ref else (value - ref) / ref
 
 
 def _analysis(runs: list[tuple[dict, dict | None]]) -> dict | None:
@@ -70,6 +116,8 @@ def _analysis(runs: list[tuple[dict, dict | None]]) -> dict | None:
                 a = read_json(path)
             except (OSError, json.JSONDecodeError):
                 continue
+            if not a.get("top"):
+                continue  # a trace with no GPU kernels (a CPU run): nothing to rank
             return {"categories": a.get("categories") or {}, "top": (a.get("top") or [])[:3],
                     "per_step_ms": a.get("per_step_ms")}
     return None
@@ -81,30 +129,40 @@ def _fmt(v) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
-def table(rows: list[dict], *, baseline: str | None = None, title: str = "configurations"):
-    """The metrics per configuration and level, then where each configuration's GPU time went."""
-    base = _baseline(rows, baseline)
-    t = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+def table(rows: list[dict], *, title: str = "configurations"):
+    """The metrics per configuration and level with the roofline and the baseline deltas, the failures
+    and reference misses, then where each configuration's GPU time went."""
+    base = next((r["baseline"] for r in rows if r.get("baseline")), None)
+    roofline = any(r.get("theoretical_ms") for r in rows)
+    notes = ["latencies in ms"] + [f"Δ vs {base}"] * bool(base) + ["eff = roofline / ITL p50"] * roofline
+    t = Table(title=f"{title} ({', '.join(notes)})", header_style="bold",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("config", no_wrap=True)
     t.add_column("conc", justify="right", no_wrap=True)
-    for _, _, label in METRICS:
-        t.add_column(label, justify="right", no_wrap=True)
+    for _, _, label in METRICS[:3]:
+        t.add_column(label.removesuffix(" ms"), justify="right", no_wrap=True)
     t.add_column("tok/s", justify="right", no_wrap=True)
+    if roofline:
+        t.add_column("roof-\nline", justify="right", no_wrap=True)
+        t.add_column("eff", justify="right", no_wrap=True)
     if base:
-        t.add_column(f"ITL vs\n{base[0]['config']}", justify="right", no_wrap=True)
-    failed = [r for r in rows if r.get("error")]
+        t.add_column("Δ\nITL", justify="right", no_wrap=True)
+        t.add_column("Δ\ntok/s", justify="right", no_wrap=True)
     for row in rows:
         cells = [row["config"], str(row["concurrency"] or "-")]
-        cells += [_fmt(row.get(f"{m}_{q}")) for m, q, _ in METRICS]
+        cells += [_fmt(row.get(f"{m}_{q}")) for m, q, _ in METRICS[:3]]
         cells.append(_fmt(row.get("output_tok_s")))
+        if roofline:
+            cells += [_fmt(row.get("theoretical_ms")), format_efficiency(row.get("efficiency"))]
         if base:
-            ref = next((b for b in base if b["concurrency"] == row["concurrency"]), None)
-            cells.append(_delta(row.get("itl_ms_p50"), ref and ref.get("itl_ms_p50")))
-        t.add_row(*cells, style="red" if row.get("error") and not row["ok"] else None)
+            cells += [_pct(row.get("itl_vs_baseline")), _pct(row.get("tok_s_vs_baseline"))]
+        t.add_row(*cells, style="red" if (row.get("error") and not row["ok"]) or row.get("misses") else None)
     parts = [t]
-    if failed:
-        parts.append(Text("\n".join(f"{r['config']}: {r['error']}" for r in failed), style="red"))
-    kernels = _kernel_table(rows, base[0]["config"] if base else None)
+    problems = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
+    problems += [f"reference missed: {m['message']}" for r in rows for m in r.get("misses") or []]
+    if problems:
+        parts.append(Text("\n".join(dict.fromkeys(problems)), style="red"))
+    kernels = _kernel_table(rows, base)
     return Group(*parts, *([kernels] if kernels else []))
 
 
@@ -148,30 +206,36 @@ def _baseline(rows: list[dict], name: str | None) -> list[dict]:
     return base
 
 
-def _delta(value, ref) -> str:
-    if value is None or not ref:
-        return "-"
-    return f"{(value - ref) / ref * 100:+.0f}%"
+def _pct(change: float | None) -> str:
+    return "-" if change is None else f"{round(change * 100):+d}%"
+
+
+def _flat(row: dict) -> dict:
+    """A row for csv and markdown: misses as one text, the rest as it is."""
+    return row | {"misses": "; ".join(m["message"] for m in row.get("misses") or [])}
 
 
 def as_json(rows: list[dict]) -> str:
-    return json.dumps(rows, indent=2)
+    return json.dumps(rows, indent=2) + "\n"
 
 
 def as_csv(rows: list[dict]) -> str:
-    fields = ["config", "concurrency", "runs", "ok"] + [f"{m}_{q}" for m, q, _ in METRICS] + ["output_tok_s",
-                                                                                              "error"]
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
     w.writeheader()
-    w.writerows(rows)
+    w.writerows(map(_flat, rows))
     return buf.getvalue()
 
 
 def as_markdown(rows: list[dict]) -> str:
-    head = ["config", "conc"] + [f"{label} ms" for *_, label in METRICS] + ["tok/s"]
+    base = next((r["baseline"] for r in rows if r.get("baseline")), None)
+    head = (["config", "conc"] + [label.replace("\n", " ") for *_, label in METRICS]
+            + ["tok/s", "roofline ms", "efficiency", f"ITL vs {base}", f"tok/s vs {base}", "misses", "error"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["config"], str(r["concurrency"] or "-")] + [_fmt(r.get(f"{m}_{q}")) for m, q, _ in METRICS]
-        lines.append("| " + " | ".join(cells + [_fmt(r.get("output_tok_s"))]) + " |")
+    for r in map(_flat, rows):
+        cells = ([r["config"], str(r["concurrency"] or "-")] + [_fmt(r.get(f"{m}_{q}")) for m, q, _ in METRICS]
+                 + [_fmt(r.get("output_tok_s")), _fmt(r.get("theoretical_ms")), format_efficiency(r.get("efficiency")),
+                    _pct(r.get("itl_vs_baseline")), _pct(r.get("tok_s_vs_baseline")), r["misses"] or "",
+                    r.get("error") or ""])
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

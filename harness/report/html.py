@@ -1,0 +1,204 @@
+"""`harness report`: the morning report of a sweep as one self-contained HTML file.
+
+Everything is read from results directories (a colleague's are as good as yours) and everything the
+page needs is inside it: CSS inline, charts as inline SVG (`harness.report.plots`), no script, no
+font, no URL, so it opens offline, attaches to a mail and prints. The comparison rows are exactly
+`harness compare`'s, roofline and reference misses included.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup
+
+from harness.analysis.roofline import format_efficiency
+from harness.errors import tail
+from harness.report import plots
+from harness.report.analysis_view import short_name
+from harness.report.compare import collect
+from harness.results import atomic_write, find_sweeps, load_runs
+
+TEMPLATES = Path(__file__).parent / "templates"
+QUANTILES = ("p1", "p25", "p50", "p75", "p99")
+
+
+def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
+    """The report of every sweep under `paths`, as HTML text."""
+    rows = collect(paths, baseline=baseline)
+    sweeps = [s for p in paths for s in find_sweeps(p)]
+    runs = [(sweep_dir, m, b) for sweep_dir in sweeps for m, b in load_runs(sweep_dir)]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    colors = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(configs)}
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=_num, pct=_pct, eff=format_efficiency)
+    return env.get_template("report.html.j2").render(
+        title=", ".join(s.name for s in sweeps),
+        generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        rows=rows, colors=colors, configs=_configs(runs),
+        baseline=next((r["baseline"] for r in rows if r.get("baseline")), None),
+        counts={"runs": len(runs), "ok": sum(m["status"] == "ok" for _, m, _ in runs),
+                "failed": sum(m["status"] == "failed" for _, m, _ in runs),
+                "misses": sum(len(r["misses"]) for r in rows)},
+        charts=_charts(rows, runs, colors), kernels=_kernels(rows), failures=_failures(runs), hosts=_hosts(runs, rows),
+        roofline=_roofline_facts(runs, rows))
+
+
+def write_report(paths: list[Path], output: Path, *, baseline: str | None = None) -> Path:
+    atomic_write(output, render_report(paths, baseline=baseline))
+    output.chmod(0o644)  # a page to share, unlike the temporary file it was written as
+    return output
+
+
+def _charts(rows: list[dict], runs: list, colors: dict[str, str]) -> dict[str, Markup]:
+    charts = {}
+    series: dict[str, list] = {}
+    for r in rows:
+        if r["concurrency"] and r.get("output_tok_s"):
+            series.setdefault(r["config"], []).append((r["concurrency"], r["output_tok_s"]))
+    if series:
+        charts["throughput"] = plots.line_chart(series, colors, xlabel="concurrency (requests in flight)",
+                                                ylabel="output tokens/s")
+    for metric, label in (("itl_ms", "inter-token latency, ms"), ("ttft_ms", "time to first token, ms")):
+        groups = _distributions(runs, metric, list(colors))
+        if groups:
+            charts[metric] = plots.box_chart(groups, colors, xlabel=label)
+    analysed = {r["config"]: r["analysis"] for r in rows if r.get("analysis")}
+    if analysed:
+        charts["categories"] = plots.stacked_bars(
+            [(name, a["categories"], f"{_num(a.get('per_step_ms'))} ms/step" if a.get("per_step_ms") else "")
+             for name, a in analysed.items()], xlabel="share of GPU kernel time")
+    return {k: Markup(v) for k, v in charts.items()}
+
+
+def _kernels(rows: list[dict]) -> list[dict]:
+    """Per profiled configuration: GPU time a step and the kernel that takes the most of it."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        a = r.get("analysis")
+        if a and r["config"] not in out:
+            top = (a.get("top") or [{}])[0]
+            out[r["config"]] = {"config": r["config"], "per_step_ms": a.get("per_step_ms"),
+                                "top": top.get("name") or "–", "short": short_name(top.get("name") or "–"),
+                                "share": top.get("share")}
+    return list(out.values())
+
+
+def _distributions(runs: list, metric: str, order: list[str]) -> list[tuple[str, list[tuple[str, dict]]]]:
+    """Per concurrency level, per configuration: quantiles of every sample in requests.jsonl (ITL gaps
+    pooled over requests and repeats; one TTFT a request)."""
+    samples: dict[int, dict[str, list[float]]] = {}
+    for sweep_dir, manifest, _ in runs:
+        path = sweep_dir / "runs" / manifest["run_id"] / "requests.jsonl"
+        if manifest["status"] != "ok" or not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            try:
+                req = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line
+            value = req.get(metric)
+            if req.get("error") or value is None:
+                continue
+            bucket = samples.setdefault(req["concurrency"], {}).setdefault(manifest["config"]["name"], [])
+            bucket.extend(value if isinstance(value, list) else [value])
+    groups = []
+    for conc in sorted(samples):
+        by_config = samples[conc]
+        groups.append((f"concurrency {conc}", [(c, _quantiles(by_config[c])) for c in order
+                                               if len(by_config.get(c, [])) > 0]))
+    return [g for g in groups if g[1]]
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    if len(values) == 1:
+        return dict.fromkeys(QUANTILES, values[0])
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {q: cuts[int(q[1:]) - 1] for q in QUANTILES}
+
+
+def _failures(runs: list) -> list[dict]:
+    """Failed runs with their reason and the end of the server's log; failed profiles too (the run
+    stands, but the breakdown is missing)."""
+    out = []
+    for sweep_dir, m, _ in runs:
+        err = m.get("error") or {}
+        profile = m.get("profile") or {}
+        if m["status"] == "failed":
+            log_tail = err.get("log_tail")
+            log = sweep_dir / "runs" / m["run_id"] / "server.log"
+            if not log_tail and log.exists():
+                log_tail = tail(log.read_text(errors="replace"), 40)
+            out.append({"run_id": m["run_id"], "host": (m.get("host") or {}).get("name"),
+                        "kind": err.get("kind"), "message": err.get("message"), "log_tail": log_tail})
+        elif profile.get("status") == "failed":
+            out.append({"run_id": m["run_id"], "host": (m.get("host") or {}).get("name"),
+                        "kind": "profile", "message": profile.get("error"), "log_tail": profile.get("hint")})
+    return out
+
+
+def _hosts(runs: list, rows: list[dict]) -> list[dict]:
+    """What each host was, from the facts its first run recorded."""
+    seen: dict[str, dict] = {}
+    for _, m, _ in runs:
+        host = m.get("host") or {}
+        name = host.get("name") or "?"
+        if name in seen or not m.get("facts"):
+            continue
+        facts = m["facts"]
+        gpus = facts.get("gpus") or []
+        names = list(dict.fromkeys(g.get("name") for g in gpus))
+        gpu = ", ".join(f"{sum(g.get('name') == n for g in gpus)} x {n}" for n in names) if gpus else (
+            f"{host.get('gpus') or '?'} x {host['gpu']} (inventory)" if host.get("gpu") else "none reported")
+        roof = next((r["roofline"] for r in rows if r.get("roofline") and name in r["hosts"]), None)
+        seen[name] = {"name": name, "facts": {
+            "GPUs": gpu,
+            "GPU memory": f"{gpus[0].get('memory_total_mib')} MiB" if gpus else None,
+            "driver": gpus[0].get("driver") if gpus else None,
+            "CUDA": facts.get("cuda"),
+            "bandwidth": f"{roof['bandwidth_gbs']:,.0f} GB/s per GPU ({roof['bandwidth_source']})" if roof else None,
+            "engine": f"{m.get('engine')} {facts.get('engine_version') or ''}".strip(),
+            "engine commit": (facts.get("engine_git") or {}).get("commit"),
+            "python": facts.get("python"),
+            "kernel": facts.get("kernel"),
+            "packages": facts.get("pip_freeze"),
+            "environment": " ".join(f"{k}={v}" for k, v in (facts.get("env") or {}).items()) or None,
+            "address": host.get("address"), "venv": host.get("venv")}}
+    return list(seen.values())
+
+
+def _configs(runs: list) -> list[dict]:
+    """Each configuration's description, flags and environment as its first run recorded them."""
+    seen: dict[str, dict] = {}
+    for _, m, _ in runs:
+        c = m["config"]
+        seen.setdefault(c["name"], {"name": c["name"], "description": c.get("description"),
+                                    "args": c.get("args") or {}, "env": c.get("env") or {},
+                                    "gpus": m.get("gpus_used"), "engine": m.get("engine")})
+    return list(seen.values())
+
+
+def _roofline_facts(runs: list, rows: list[dict]) -> dict | None:
+    """The model facts and the figures behind the roofline column, or None when it has none."""
+    roof = next((r["roofline"] for r in rows if r.get("roofline")), None)
+    if roof is None:
+        return None
+    model = next(m.get("model") or {} for _, m, _ in runs)
+    return {"model": model.get("served_name") or model.get("path"), "active_params_b": model["active_params_b"],
+            "bytes_per_weight": model["bytes_per_weight"], "kv_bytes_per_token": model.get("kv_bytes_per_token"),
+            "weight_gb": roof["weight_bytes"] / 1e9} | roof
+
+
+def _num(v) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _pct(change) -> str:
+    return "–" if change is None else f"{round(change * 100):+d}%"

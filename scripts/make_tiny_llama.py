@@ -1,0 +1,119 @@
+"""Build a small random-weight Llama with a word-level tokenizer, saved so `transformers serve` loads it
+from a local path with no hub access (HF_HUB_OFFLINE=1).
+
+Why: a real engine run needs a real model on a machine that reaches no model hub. The weights are
+random (the text is nonsense) but the shapes, the decode loop and the server around it are real:
+
+    python scripts/make_tiny_llama.py OUT_DIR [--layers 8 --hidden 1024 --vocab 4096 --seed 0]
+    python scripts/make_tiny_llama.py OUT_DIR --layers 2 --hidden 256      # seconds on a CPU
+
+The tokenizer is a WordLevel vocabulary (special tokens, common words, then filler words `w<N>` up
+to --vocab) split on whitespace and punctuation, so a prompt of N common words is N tokens. It has a
+chat template, so /v1/chat/completions works too. The model's generation config names no EOS token:
+random weights would otherwise stop at an unpredictable step, and `transformers serve` has no
+`ignore_eos` (an unknown request field is a 422), so every request decodes exactly `max_tokens`.
+Needs torch, transformers >= 5 and tokenizers; uses nothing newer than transformers 5.17 / torch 2.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+SPECIALS = ["<unk>", "<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+PUNCTUATION = list(".,;:!?'\"()-")
+# The benchmark client's synthetic prompt words come first, so its prompts never hit <unk>.
+WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be or "
+         "has had not but what all when there can more one about some time a i you he she we they me "
+         "him her us them my your our their who whom whose where why how if then than so no yes do "
+         "does did done have having will would shall should may might must could up down out over "
+         "under again new old good bad first last long great little own other right big high small "
+         "large next early young important few public same able day year way man woman child world "
+         "life hand part place case week company system program question work government number "
+         "night point home water room mother area money story fact month lot study book eye job word "
+         "business issue side kind head house service friend father power hour game line end member "
+         "law car city community name president team minute idea kid body information back parent "
+         "face others level office door health person art war history party result change morning "
+         "reason research girl guy moment air teacher force education paris france capital hello").split()
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|> ' + message['content'] + ' <|end|> ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}"
+)
+
+
+def vocabulary(size: int) -> list[str]:
+    """Specials, punctuation, common words, then filler words to reach `size` entries."""
+    base = list(dict.fromkeys(SPECIALS + PUNCTUATION + WORDS))
+    if size < len(base):
+        raise ValueError(f"--vocab must be at least {len(base)}")
+    return base + [f"w{i}" for i in range(size - len(base))]
+
+
+def build_tokenizer(size: int):
+    """A fast tokenizer built with `tokenizers` alone (no download), wrapped for save_pretrained."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(vocabulary(size))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                  pre_tokenizers.Punctuation()])
+    core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces, as WordLevel needs
+    core.add_special_tokens(SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>",
+                                        bos_token="<s>", eos_token="</s>",
+                                        additional_special_tokens=SPECIALS[4:])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(tokenizer, layers: int, hidden: int, seed: int):
+    """A LlamaForCausalLM with random weights; head size 64, SwiGLU width about 8/3 of hidden."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    heads = max(1, hidden // 64)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=(hidden * 8 // 3 + 63) // 64 * 64,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, dtype="bfloat16")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = None  # decode every requested token (module docstring)
+    model.generation_config.do_sample = False
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=1024, help="a multiple of 64")
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.hidden % 64 or args.layers < 1:
+        p.error("--hidden must be a multiple of 64 and --layers at least 1")
+    try:
+        tokenizer = build_tokenizer(args.vocab)
+    except ValueError as e:
+        p.error(str(e))
+    model = build_model(tokenizer, args.layers, args.hidden, args.seed)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out_dir)   # config.json, generation_config.json, model.safetensors
+    tokenizer.save_pretrained(args.out_dir)
+    params = sum(t.numel() for t in model.parameters())
+    print(f"{args.out_dir}: LlamaForCausalLM, {args.layers} layers, hidden {args.hidden}, "
+          f"vocab {len(tokenizer)}, {params / 1e6:.1f}M parameters (bf16)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
