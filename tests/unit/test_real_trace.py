@@ -1,4 +1,4 @@
-"""The analyzer against torch's own numbers, on a real trace captured on an NVIDIA H200.
+"""The analyzer against torch's own numbers, on real traces captured on an NVIDIA H200.
 
 tests/fixtures/real_trace/ was made by benchmarks/gpu_trace_capture.py (PyTorch 2.11): a decode loop
 whose FP8 -> BF16 KV-cache cast dominates, as in the seeds' campaign, with torch's `key_averages()`
@@ -13,6 +13,7 @@ import pytest
 from harness.analysis import analyze_path
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "real_trace"
+SERVER = Path(__file__).resolve().parent.parent / "fixtures" / "transformers_trace"
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,14 @@ def test_the_fp8_to_bf16_cast_is_found_as_the_copy_that_dominates(analysis):
     top = analysis["top"][0]
     assert "direct_copy_kernel_cuda" in top["name"] and top["category"] == "copy"
     assert top["share"] > 0.9 and analysis["categories"]["copy"] > 0.9
+
+
+def test_a_real_servers_capture_matches_torchs_table_on_its_top_kernels():
+    """`transformers serve` (bf16, --compile) on an H200, profiled by profile.mode torch for 32 steps."""
+    analysis = analyze_path(SERVER / "serve.pt.trace.json.gz", top=10)
+    table = {row["name"]: row for row in json.loads((SERVER / "key_averages.json").read_text())["key_averages"]}
+    assert analysis["top"] and analysis["top"][0]["category"] == "gemm"
+    for kernel in analysis["top"][:5]:
+        row = table[kernel["name"]]
+        assert kernel["total_ms"] == pytest.approx(row["self_device_time_total_us"] / 1000, rel=0.01), kernel["name"]
+        assert kernel["count"] == row["count"]
