@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -11,13 +10,8 @@ import time
 import pytest
 
 from tests.conftest import harness
+from tests.e2e.test_sweep import _free_port
 from tests.remote_venv import make_remote_venv
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ every host busy. RELIABILITY.md cases 5, 6 and 23 at the level of a whole sweep.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time

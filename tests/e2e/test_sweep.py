@@ -7,7 +7,6 @@ engine's real launch command, real HTTP, the real profiler protocol, real files 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -1,7 +1,6 @@
 """Playbooks, rendering and the plan: every value quoted, every mistake named before any host."""
 
 import shlex
-from pathlib import Path
 
 import pytest
 

@@ -83,7 +83,7 @@ def test_each_rendered_command_matches_its_golden_file(scripts, playbook, config
     if UPDATE:
         path.write_text(text)
     assert path.is_file(), f"{path.name} is missing: run with HARNESS_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"the rendered command changed: if intended, HARNESS_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), "the rendered command changed: if intended, HARNESS_UPDATE_GOLDEN=1"
 
 
 def test_every_golden_file_belongs_to_a_rendered_configuration():
