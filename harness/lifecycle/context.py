@@ -62,9 +62,9 @@ class RunContext:
         finally:
             self.phases[name] = {"seconds": round(time.monotonic() - start, 3)}
 
-    def sh(self, command: str, *, timeout: float, check: bool = True) -> Result:
+    def sh(self, command: str, *, timeout: float, check: bool = True, stdin: bytes | None = None) -> Result:
         try:
-            return self.transport.run(command, timeout=timeout, check=check)
+            return self.transport.run(command, timeout=timeout, check=check, stdin=stdin)
         except RemoteError as e:
             e.run_id = self.run.run_id
             raise

@@ -12,7 +12,7 @@ import shlex
 
 from harness.errors import RemoteTimeout
 from harness.lifecycle.context import RunContext
-from harness.lifecycle.server import server_alive
+from harness.lifecycle.server import alive_check, server_alive
 
 
 def bench(ctx: RunContext) -> None:
@@ -30,20 +30,21 @@ def bench(ctx: RunContext) -> None:
     # the worst case: every request of every level runs into its own timeout, one wave after another
     waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
     budget = 120 + b.timeout_s * waves
+    # one round trip: the benchmark, then whether the server outlived it
+    command = f"{command}; code=$?; {alive_check(ctx)}; exit $code"
     try:
         result = ctx.sh(command, timeout=budget, check=False)
     except RemoteTimeout:
         if not server_alive(ctx):
             raise ctx.fail("server_died", "the server died during the benchmark") from None
         raise
+    alive = result.stdout.split()[-1:] == ["alive"]
+    if not alive:
+        raise ctx.fail("server_died", "the server died during the benchmark",
+                       output=result.stderr or result.stdout)
     if result.exit_code != 0:
-        if not server_alive(ctx):
-            raise ctx.fail("server_died", "the server died during the benchmark",
-                           output=result.stderr or result.stdout)
         raise ctx.fail("bench", f"the benchmark client failed (exit {result.exit_code})",
                        output=result.stderr or result.stdout)
-    if not server_alive(ctx):
-        raise ctx.fail("server_died", "the server died during the benchmark", output=result.stderr)
     ctx.record["bench_stderr"] = result.stderr[-4000:]
 
 

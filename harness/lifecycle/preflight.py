@@ -22,14 +22,24 @@ SEP = "__harness_help__"
 def preflight(ctx: RunContext) -> dict:
     q = shlex.quote
     engine, paths = ctx.sweep.engine, ctx.paths
-    probe = ctx.agent_command("probe", "--module", engine.module, "--port", ctx.rendered.port,
-                              "--bind", ctx.server_address, "--dir", paths.root)
+    # What cannot change between runs of one sweep on one host (the engine imports, its flags, the host's
+    # facts) is found once and kept beside the runs: importing a real engine and listing its flags take
+    # seconds each, every run.
+    cache_dir = f"{ctx.host.workdir.rstrip('/')}/{ctx.sweep.sweep_id}/.host"
+    cache = q(cache_dir)
+    module = f"$([ -f {cache}/module.ok ] || echo {q(engine.module)})" if engine.module else ""
+    probe = ctx.agent_command("probe", "--port", ctx.rendered.port, "--bind", ctx.server_address,
+                              "--dir", paths.root) + f' "--module={module}"'
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
-    help_list = f"( {ctx.in_venv(engine.help_command)} ) 2>&1 | tail -c 2000000; " if engine.help_command else ""
+    help_list = (f"[ -s {cache}/help.txt ] || ( {ctx.in_venv(engine.help_command)} ) > {cache}/help.txt 2>&1; "
+                 f"tail -c 2000000 {cache}/help.txt; " if engine.help_command else "")
+    collect = ctx.in_venv(collect_script(facts_for(engine), cache_dir + "/facts.tmp"))
+    facts = (f"[ -d {cache}/facts ] || {{ mkdir -p {cache}/facts.tmp && ( {collect} ) >/dev/null 2>&1; "
+             f"mv {cache}/facts.tmp {cache}/facts; }}; cp -p {cache}/facts/* {q(paths.facts_dir)}/; ")
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
-               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} && {probe}; echo {SEP}; {help_list}"
-               f"( {ctx.in_venv(collect_script(facts_for(engine), paths.facts_dir))} ) >/dev/null 2>&1; true")
+               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && {probe}; echo {SEP}; {help_list}"
+               f"{facts}true")
     result = ctx.sh(command, timeout=600)
     out = result.stdout
     if NO_VENV in out:
@@ -44,6 +54,8 @@ def preflight(ctx: RunContext) -> dict:
     except (IndexError, json.JSONDecodeError):
         raise ctx.fail("preflight", f"the venv python {ctx.python} on {ctx.host.name} could not run the "
                        "harness agent", output=(probe_text + result.stderr)[-8000:]) from None
+    if probe["module_ok"] and engine.module:
+        ctx.sh(f"touch {cache}/module.ok", timeout=30, check=False)
     if not probe["module_ok"]:
         raise ctx.fail("preflight", f"the venv {ctx.venv} on {ctx.host.name} cannot import "
                        f"{engine.module!r} ({probe.get('module_error')}): install it in that venv, or "

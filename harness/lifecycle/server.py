@@ -18,7 +18,6 @@ OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|Canno
 
 def launch(ctx: RunContext) -> int:
     paths, q = ctx.paths, shlex.quote
-    ctx.transport.put(ctx.rendered.script.encode(), paths.launch, mode=0o755)
     if ctx.rendered.secret_env:
         secrets = "".join(f"{k}={q(v)}\n" for k, v in ctx.rendered.secret_env.items())
         ctx.transport.put(secrets.encode(), paths.secrets_file, mode=0o600)
@@ -28,12 +27,14 @@ def launch(ctx: RunContext) -> int:
     # (touched by the orchestrator's heartbeat) lapses, so a dead orchestrator leaves no orphan.
     watch = ctx.agent_command("watch", "--pid-file", paths.pid_file, "--lease", paths.lease,
                               "--lease-s", ctx.lease_s)
-    command = (f"cd {root} && rm -f server.exit server.pid watchdog.pid && touch lease && "
+    # the script comes on stdin: one round trip for writing it and starting it
+    command = (f"cd {root} && cat > launch.sh.tmp && chmod 755 launch.sh.tmp && mv launch.sh.tmp launch.sh && "
+               "rm -f server.exit server.pid watchdog.pid && touch lease && "
                "{ setsid bash -c 'echo $$ >server.pid; bash launch.sh >server.log 2>&1 </dev/null; "
                "echo $? >server.exit' >/dev/null 2>&1 </dev/null & } && "
                f"{{ setsid {watch} >watchdog.log 2>&1 </dev/null & }} && "
                "for _ in $(seq 100); do [ -s server.pid ] && break; sleep 0.05; done; cat server.pid")
-    pid = int(ctx.sh(command, timeout=60).stdout.split()[-1])
+    pid = int(ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode()).stdout.split()[-1])
     ctx.record["server_pid"] = pid
     return pid
 
@@ -61,13 +62,15 @@ def wait_healthy(ctx: RunContext) -> float:
                    f"{answer.get('last_answer') or 'none'})", output=log)
 
 
+def alive_check(ctx: RunContext) -> str:
+    """Shell that prints `alive` while the launch wrapper runs (no exit code written, not a zombie:
+    some inits never reap), else `gone`."""
+    return (f"( cd {shlex.quote(ctx.paths.root)} && pid=$(cat server.pid) && [ ! -e server.exit ] && "
+            "kill -0 \"$pid\" 2>/dev/null && ! grep -q ') Z' \"/proc/$pid/stat\" ) && echo alive || echo gone")
+
+
 def server_alive(ctx: RunContext) -> bool:
-    """The launch wrapper still runs: no exit code written, and not a zombie (some inits never reap)."""
-    q, root = shlex.quote, ctx.paths.root
-    out = ctx.sh(f"cd {q(root)} && pid=$(cat server.pid) && [ ! -e server.exit ] && kill -0 \"$pid\" "
-                 "2>/dev/null && ! grep -q ') Z' \"/proc/$pid/stat\" && echo alive || echo gone",
-                 timeout=30, check=False).stdout
-    return "alive" in out
+    return "alive" in ctx.sh(alive_check(ctx), timeout=30, check=False).stdout.split()[-1:]
 
 
 def stop_command(ctx: RunContext) -> str:
