@@ -54,9 +54,7 @@ def summary_rows(manifest: dict, bench: dict | None) -> list[dict]:
         return [base]
     rows = []
     for lv in levels:
-        def stat(metric: str, q: str):
-            d = lv.get(metric) or {}
-            return d.get(q)
+        stat = lambda metric, q, lv=lv: (lv.get(metric) or {}).get(q)  # noqa: E731
         rows.append(base | {
             "concurrency": lv["concurrency"], "completed": lv["completed"], "failed": lv["failed"],
             "ttft_p50_ms": stat("ttft_ms", "p50"), "ttft_p99_ms": stat("ttft_ms", "p99"),

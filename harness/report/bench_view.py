@@ -11,7 +11,7 @@ def render_bench(result: dict) -> Table:
                 "req/s"):
         t.add_column(col, justify="right")
     for lv in result.get("levels", []):
-        def q(metric: str, p: str) -> str:
+        def q(metric: str, p: str, lv: dict = lv) -> str:
             v = (lv.get(metric) or {}).get(p)
             return "-" if v is None else f"{v:.1f}"
         t.add_row(str(lv["concurrency"]), str(lv["completed"]), str(lv["failed"]), q("ttft_ms", "p50"),

@@ -44,8 +44,9 @@ def render_comparison(result: dict, *, before: str, after: str):
         kt = Table(title="top kernels", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
         kt.add_column(before, overflow="ellipsis", no_wrap=True, max_width=45)
         kt.add_column(after, overflow="ellipsis", no_wrap=True, max_width=45)
+        def cell(side: list, i: int) -> str:
+            return f"{side[i][1] * 100:.0f}% {short_name(side[i][0])}" if i < len(side) else ""
         for i in range(max(len(k["before"]), len(k["after"]))):
-            cell = lambda side: (f"{side[i][1] * 100:.0f}% {short_name(side[i][0])}" if i < len(side) else "")
-            kt.add_row(cell(k["before"]), cell(k["after"]))
+            kt.add_row(cell(k["before"], i), cell(k["after"], i))
         parts.append(kt)
     return Group(*parts)
