@@ -119,6 +119,7 @@ def _analysis(runs: list[tuple[dict, dict | None]]) -> dict | None:
             if not a.get("top"):
                 continue  # a trace with no GPU kernels (a CPU run): nothing to rank
             return {"categories": a.get("categories") or {}, "top": (a.get("top") or [])[:3],
+                    "shares": {k["name"]: k["share"] for k in a.get("top") or []},
                     "per_step_ms": a.get("per_step_ms")}
     return None
 
@@ -180,10 +181,12 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
     t.add_column("GPU ms\n/step", justify="right", no_wrap=True)
     for c in cats:
         t.add_column(c, justify="right", no_wrap=True)
-    k = Table(title="top kernel", header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+    k = Table(title=f"top kernels (share of kernel time{', points vs ' + baseline if ref else ''})",
+              header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
     k.add_column("config", no_wrap=True, min_width=max(map(len, per_config)))
-    k.add_column("share", justify="right", no_wrap=True, min_width=5)
+    k.add_column("share", justify="right", no_wrap=True, min_width=9)
     k.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=60)
+    ref_share = (ref or {}).get("shares") or {}
     for name, a in per_config.items():
         cells = [name, _fmt(a.get("per_step_ms"))]
         for c in cats:
@@ -191,8 +194,12 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
             moved = "" if not ref or name == baseline else f" {(share - ref['categories'].get(c, 0)) * 100:+.0f}"
             cells.append(f"{share * 100:.0f}%{moved}")
         t.add_row(*cells)
-        if a["top"]:
-            k.add_row(name, f"{a['top'][0]['share'] * 100:.0f}%", short_name(a["top"][0]["name"]))
+        for i, kernel in enumerate(a["top"]):
+            moved = ("" if not ref or name == baseline else
+                     f" {(kernel['share'] - ref_share[kernel['name']]) * 100:+.0f}" if kernel["name"] in ref_share
+                     else " new")   # not among the baseline's top kernels
+            k.add_row(name if i == 0 else "", f"{kernel['share'] * 100:.0f}%{moved}", short_name(kernel["name"]),
+                      end_section=i == len(a["top"]) - 1)
     return Group(t, k)
 
 
