@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ class HostCheck:
 
 def check_host(host: Host, engine: str, port: int | None) -> HostCheck:
     eng = get_engine(engine)
-    venv = host.venv or (sys.prefix if host.transport == "local" else None)
+    venv = host.with_default_venv().venv
     if not venv:
         return HostCheck(host.name, False, ["no venv set for this host in the inventory"])
     try:

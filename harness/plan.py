@@ -11,7 +11,6 @@ Run ids begin with the configuration name: `tp8-1` (pool placement, repeat 1) or
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,9 +180,7 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
         if not hosts:
             raise InputError(f"--limit {limit!r} leaves none of the playbook's hosts ({pb.hosts!r})",
                              key="--limit")
-    # a local host without a venv runs the engine in the harness's own environment
-    hosts = [h.model_copy(update={"venv": sys.prefix}) if h.transport == "local" and not h.venv else h
-             for h in hosts]
+    hosts = [h.with_default_venv() for h in hosts]
     for h in hosts:
         if h.transport == "ssh" and not h.venv:
             raise InputError(f"host {h.name!r} has no venv: set `venv:` for it or its group",

@@ -20,6 +20,7 @@ import yaml
 
 from harness.errors import InputError
 from harness.plan import Sweep, load_sweep
+from harness.remote.bench import percentile
 from harness.results import read_json
 from harness.secrets import MASK
 
@@ -156,20 +157,11 @@ def _split_half(requests: list[dict], metric: str, q: str | None) -> float | Non
                       if r.get("output_tokens", 0) > 1 and r.get("e2e_ms") is not None]
         else:
             values = [r[metric] for r in rs if r.get(metric) is not None]
-        return percentile(values, float(q[1:])) if values else None
+        return percentile(sorted(values), float(q[1:])) if values else None
     a, b, whole = stat(requests[0::2]), stat(requests[1::2]), stat(requests)
     if None in (a, b) or not whole:
         return None
     return abs(a - b) / whole
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), as the benchmark client computes it."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * pct / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def _levels(run_dir: Path) -> dict[int, dict]:

@@ -19,6 +19,7 @@ Ansible's business and ignored; any other unknown key is an error naming the key
 from __future__ import annotations
 
 import fnmatch
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,6 +77,12 @@ class Host(BaseModel):
         if v is not None and not (v.startswith("/") or v.startswith("~")):
             raise ValueError("must be an absolute path")
         return v
+
+    def with_default_venv(self) -> "Host":
+        """A local host without a venv runs the engine in the harness's own environment."""
+        if self.transport == "local" and not self.venv:
+            return self.model_copy(update={"venv": sys.prefix})
+        return self
 
     def spec(self) -> HostSpec:
         return HostSpec(name=self.name, address=self.address, port=self.port, user=self.user,
