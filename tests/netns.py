@@ -6,6 +6,13 @@ it, with its own host key pinned in its own known_hosts file. `link_down()` take
 pair down: packets stop both ways while both TCP ends stay open, like a pulled cable or a switch that
 reboots. `freeze()` SIGSTOPs the host's sshd: a peer that holds the link but never answers.
 
+No packet leaves this machine. Taking a link down deletes the kernel's connected route to its /24, and
+without a stand-in the address would then be routed out through the default gateway. So every host's
+/24 also has a `blackhole` route of a worse metric: it is never used while the link is up and takes
+over the moment it goes down, so the address stays unreachable. Inside a namespace there is only the
+link's own /24, no default route: nothing there has a path out either. Every cut checks both, before
+and after, with `ip route get` (`assert_contained`).
+
     with netns_hosts(4, tmp_path) as hosts:
         transport = connect(hosts[0].host_spec())
         hosts[0].link_down()
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import itertools
+import json
 import os
 import re
 import shutil
@@ -36,6 +44,8 @@ from tests.sshd import Sshd
 # Namespaces are named PREFIX-<pid>-<serial>, so a session can tell its own from a dead session's.
 PREFIX = "harness-test"
 SUBNET = ipaddress.ip_network("10.213.0.0/16")
+# The blackhole stand-in's metric: worse than the connected route's 0, so used only while that is gone.
+BLACKHOLE_METRIC = "4242"
 _serials = itertools.count()  # unique names within this session, however many times hosts are made
 
 
@@ -50,6 +60,7 @@ class NetnsHost:
         self._peer = f"{self.veth}p"
         self.gateway = f"10.213.{octet}.1"
         self.address = f"10.213.{octet}.2"
+        self.subnet = f"10.213.{octet}.0/24"
         self.workdir = directory / "work"
         self.sshd = Sshd(directory / "sshd", address=self.address, port=22,
                          prefix=["ip", "netns", "exec", self.netns])
@@ -59,12 +70,13 @@ class NetnsHost:
         _ip("link", "add", self.veth, "type", "veth", "peer", "name", self._peer)
         _ip("link", "set", self._peer, "netns", self.netns)
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.veth)
+        _ip("route", "replace", "blackhole", self.subnet, "metric", BLACKHOLE_METRIC)
         _ip("link", "set", self.veth, "up")
         inside = ["-n", self.netns]
         _ip(*inside, "addr", "add", f"{self.address}/24", "dev", self._peer)
         _ip(*inside, "link", "set", self._peer, "up")
         _ip(*inside, "link", "set", "lo", "up")
-        _ip(*inside, "route", "add", "default", "via", self.gateway)
+        self.assert_contained()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sshd.start()
 
@@ -72,11 +84,32 @@ class NetnsHost:
         return self.sshd.host_spec(name or self.name, **overrides)
 
     def link_down(self) -> None:
-        """Cut the link: nothing passes either way; open connections notice nothing until they time out."""
+        """Cut the link: nothing passes either way; open connections notice nothing until they time out.
+        The address stays unreachable meanwhile (the blackhole route), never routed out by default."""
+        self.assert_contained()
         _ip("link", "set", self.veth, "down")
+        self.assert_contained()
 
     def link_up(self) -> None:
+        self.assert_contained()
         _ip("link", "set", self.veth, "up")
+        self.assert_contained()
+
+    def assert_contained(self) -> None:
+        """Raise unless a packet to this host goes over its own veth or into the blackhole, and the
+        namespace has no route beyond its link. A leak here would send test traffic off the machine."""
+        route = _route_get(self.address)
+        if route is None:
+            held = subprocess.run(["ip", "route", "show", "type", "blackhole", self.subnet],
+                                  capture_output=True, text=True).stdout
+            if not held.strip():
+                raise AssertionError(f"{self.address}: no route and no blackhole for {self.subnet}")
+        elif "gateway" in route or route.get("dev") != self.veth:
+            raise AssertionError(f"{self.address} would leave by {route}, not by {self.veth}: "
+                                 "test traffic must never be routed off this machine")
+        outside = _route_get("192.0.2.1", netns=self.netns)  # TEST-NET-1: any address off the link
+        if outside is not None:
+            raise AssertionError(f"namespace {self.netns} has a path out: {outside}")
 
     def freeze(self) -> None:
         self.sshd.freeze()
@@ -90,6 +123,8 @@ class NetnsHost:
         self.sshd.stop()
         subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
         _delete_namespace(self.netns)
+        subprocess.run(["ip", "route", "del", "blackhole", self.subnet, "metric", BLACKHOLE_METRIC],
+                       capture_output=True)
 
 
 @contextlib.contextmanager
@@ -124,9 +159,7 @@ def _free_octets(count: int) -> list[int]:
     Two sessions creating hosts at the same instant could pick the same subnet (Linux accepts an
     address twice); their connections would then fail on host key checks, never reach a wrong host
     unnoticed."""
-    listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
-                             check=True).stdout
-    used = [ipaddress.ip_interface(cidr).network for cidr in re.findall(r"inet (\S+)", listing)]
+    used = _interface_networks()
     free = [net for net in SUBNET.subnets(new_prefix=24) if not any(net.overlaps(u) for u in used)]
     octets = [net.network_address.packed[2] for net in free if 0 < net.network_address.packed[2] < 255]
     if len(octets) < count:
@@ -135,7 +168,8 @@ def _free_octets(count: int) -> list[int]:
 
 
 def _remove_stale_namespaces() -> None:
-    """Delete namespaces left by test sessions that were killed before they could clean up."""
+    """Delete namespaces left by test sessions that were killed before they could clean up, and the
+    blackhole routes of subnets that no interface holds any more."""
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for line in listing.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -143,6 +177,31 @@ def _remove_stale_namespaces() -> None:
         if name.startswith(f"{PREFIX}-") and len(parts) == 4 and parts[2].isdigit() \
                 and not Path(f"/proc/{parts[2]}").exists():
             _delete_namespace(name)
+    held = {str(net) for net in _interface_networks()}
+    routes = subprocess.run(["ip", "-j", "route", "show", "type", "blackhole"], capture_output=True,
+                            text=True).stdout
+    for route in json.loads(routes or "[]"):
+        dst = route.get("dst", "")
+        if "/" in dst and ipaddress.ip_network(dst).subnet_of(SUBNET) and dst not in held:
+            subprocess.run(["ip", "route", "del", "blackhole", dst, "metric", BLACKHOLE_METRIC],
+                           capture_output=True)
+
+
+def _interface_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                             check=True).stdout
+    return [ipaddress.ip_interface(cidr).network for cidr in re.findall(r"inet (\S+)", listing)]
+
+
+def _route_get(address: str, netns: str | None = None) -> dict | None:
+    """The route the kernel would take to `address` (`ip -j route get`), or None when there is none
+    (unreachable, or a blackhole)."""
+    where = ["-n", netns] if netns else []
+    done = subprocess.run(["ip", *where, "-j", "route", "get", address], capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    routes = json.loads(done.stdout)
+    return routes[0] if routes else None
 
 
 def _delete_namespace(name: str) -> None:

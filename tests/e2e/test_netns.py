@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import tarfile
 import threading
@@ -21,7 +22,7 @@ from harness.errors import RemoteTimeout, UnreachableError
 from harness.transport import connect
 from harness.transport.base import KILL_BUDGET_S
 from harness.transport.tarpull import Staging, tar_command
-from tests.netns import netns_hosts
+from tests.netns import BLACKHOLE_METRIC, netns_hosts
 from tests.sshd import Sshd
 
 pytestmark = pytest.mark.e2e
@@ -52,6 +53,34 @@ def test_each_host_runs_commands_at_its_own_address(hosts):
             transport.close()
         assert f"inet {h.address}/24" in inside
         assert all(f"inet {other.address}/" not in inside for other in hosts if other is not h)
+
+
+def test_a_cut_link_leaves_the_address_unreachable_never_routed_out(host):
+    """While the link is down the kernel has no route to the host but the blackhole: a connection
+    attempt fails on this machine instead of leaving by the default gateway."""
+    host.link_down()
+    try:
+        route = subprocess.run(["ip", "-j", "route", "get", host.address], capture_output=True, text=True)
+        assert route.returncode != 0, f"{host.address} is routed while its link is down: {route.stdout}"
+        with pytest.raises(OSError), socket.create_connection((host.address, 22), timeout=2):
+            pass
+    finally:
+        host.link_up()
+    assert connect(host.host_spec()).run("echo back", timeout=10).stdout == "back\n"
+
+
+def test_the_containment_check_catches_a_link_cut_without_its_stand_in_route(host):
+    """Without the blackhole, a cut routes the address out by default: the helper must refuse that
+    before any packet goes (nothing is connected to this host)."""
+    subprocess.run(["ip", "route", "del", "blackhole", host.subnet, "metric", BLACKHOLE_METRIC], check=True)
+    try:
+        subprocess.run(["ip", "link", "set", host.veth, "down"], check=True)
+        with pytest.raises(AssertionError, match="never be routed off this machine"):
+            host.assert_contained()
+    finally:
+        subprocess.run(["ip", "route", "replace", "blackhole", host.subnet, "metric", BLACKHOLE_METRIC],
+                       check=True)
+        host.link_up()
 
 
 def assert_cut_off(transport, command: str) -> None:
