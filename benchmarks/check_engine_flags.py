@@ -100,7 +100,12 @@ def vllm_parser() -> EngineParser:
     if platforms.current_platform.is_unspecified():
         from vllm.platforms.cpu import CpuPlatform
         platforms.current_platform = CpuPlatform()
-    from vllm.config.cache import KV_CACHE_DTYPES, is_known_kv_cache_dtype
+    import typing
+
+    from vllm.config import cache
+    # 0.33 names the known dtypes; 0.26-0.32 have only the Literal type of the field
+    KV_CACHE_DTYPES = getattr(cache, "KV_CACHE_DTYPES", None) or typing.get_args(cache.CacheDType)
+    is_known_kv_cache_dtype = getattr(cache, "is_known_kv_cache_dtype", lambda d: d in KV_CACHE_DTYPES)
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.engines import Engine
+from harness.engines import Engine, env_prefixes
+
+ENV_PREFIXES = ["NCCL", "CUDA", "NVIDIA", "TORCH", "PYTORCH"]
+"""The environment of the GPU stack recorded with every run, beside each engine's own prefixes."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def _facts(engine: Engine) -> list[Fact]:
                            "git -C \"$d\" status --porcelain | head -20", _git),
         Fact("pip_freeze", "python -m pip freeze", lambda t: len(t.splitlines()) or None),
         # names that look secret are left out at the source (see harness.secrets)
-        Fact("env", "env | grep -E '^(NCCL|CUDA|SGLANG|VLLM|NVIDIA|TORCH|PYTORCH)_' "
+        Fact("env", f"env | grep -E '^({'|'.join(ENV_PREFIXES + [p.rstrip('_') for p in env_prefixes()])})_' "
                     "| grep -viE '^[^=]*(TOKEN|SECRET|PASSWORD|KEY)[^=]*=' | sort", _env),
         Fact("kernel", "uname -sr", _first_line),
     ]

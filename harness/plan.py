@@ -22,10 +22,9 @@ from harness.config.yamlfile import Loc, YamlDoc
 from harness.engines import Engine, engine_for
 from harness.errors import InputError
 from harness.remote import remote_dir
-from harness.render import render_string, render_template
+from harness.render import BUILTIN_TEMPLATES, builtin_templates, render_string, render_template
 from harness.secrets import Redactor, is_secret
 
-PACKAGE_ROOT = Path(harness.__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ class Sweep:
             "host": host.model_dump(mode="json", exclude={"env"}),
             "config": {"name": run.config.name, "description": run.config.description},
             "model": pb.model.model_dump() | {"name": pb.model.name},
-            "engine": self.engine.name, "flavor": pb.flavor, "launcher": self.engine.launcher,
+            "engine": self.engine.name, "flavor": self.engine.speaks, "launcher": self.engine.launcher,
             "profile": pb.profile.model_dump(), "benchmark": pb.benchmark.model_dump(),
             "vars": pb.vars, "playbook": {"name": pb.name}, "harness_version": harness.__version__,
             "nodes": [host.name], "node_rank": 0, "port": port,
@@ -140,16 +139,28 @@ class Sweep:
                 self.render(run, host)
 
 
-def find_template(path: str | None, engine: str, playbook_path: Path) -> Path:
-    name = path or f"templates/{engine}.sh.j2"
-    candidate = Path(name).expanduser()
-    if candidate.is_absolute():
-        return candidate
-    for base in (Path.cwd(), playbook_path.parent, playbook_path.parent.parent, PACKAGE_ROOT):
-        if (base / candidate).is_file():
-            return base / candidate
-    raise InputError(f"launch template {name!r} not found (looked beside the playbook and in "
-                     f"{Path.cwd()})", file=str(playbook_path), key="template")
+def find_template(path: str | None, engine: Engine, playbook_path: Path) -> Path:
+    """The launch template. `template:` names one: beside the playbook, in the folder above it or in
+    the current folder, else the built-in of that file name. Without it, a `templates/<engine's
+    template>` beside the playbook (or one folder up, or in the current folder) wins over the built-in,
+    so a team can keep its own next to its playbooks. Either may include the built-in `_common.sh.j2`."""
+    bases = (playbook_path.parent, playbook_path.parent.parent, Path.cwd())
+    if path:
+        candidate = Path(path).expanduser()
+        if candidate.is_absolute():
+            found = [candidate] if candidate.is_file() else []
+        else:
+            found = [base / candidate for base in bases if (base / candidate).is_file()]
+        if found or (BUILTIN_TEMPLATES / candidate.name).is_file():
+            return (found[0] if found else BUILTIN_TEMPLATES / candidate.name).absolute()
+        raise InputError(f"launch template {path!r} not found (looked beside the playbook, above it, in "
+                         f"{Path.cwd()} and among the built-in templates: {', '.join(builtin_templates())})",
+                         file=str(playbook_path), key="template")
+    for base in bases:
+        for local in (base / engine.template, base / "templates" / engine.template):
+            if local.is_file():
+                return local.absolute()
+    return BUILTIN_TEMPLATES / engine.template
 
 
 def expand(pb: Playbook, hosts: list[Host]) -> list[RunSpec]:
@@ -185,8 +196,9 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
         if h.transport == "ssh" and not h.venv:
             raise InputError(f"host {h.name!r} has no venv: set `venv:` for it or its group",
                              file=str(inventory.path), key=f"{h.name}.venv")
-    sweep = Sweep(pb, doc, inventory, hosts, engine_for(pb),
-                  find_template(pb.template, pb.engine, playbook_path), sweep_id or new_sweep_id(pb.name))
+    engine = engine_for(pb)
+    sweep = Sweep(pb, doc, inventory, hosts, engine,
+                  find_template(pb.template, engine, playbook_path), sweep_id or new_sweep_id(pb.name))
     sweep.runs = expand(pb, hosts)
     sweep.validate()
     return sweep

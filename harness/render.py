@@ -21,6 +21,13 @@ import jinja2
 
 from harness.errors import InputError
 
+BUILTIN_TEMPLATES = Path(__file__).resolve().parent / "templates"
+"""The launch templates that ship with the package (also `templates/` at the top of a checkout)."""
+
+
+def builtin_templates() -> list[str]:
+    return sorted(p.name for p in BUILTIN_TEMPLATES.glob("*.sh.j2") if not p.name.startswith("_"))
+
 
 def shquote(value: Any) -> str:
     if isinstance(value, bool):
@@ -70,8 +77,13 @@ def _word(value: Any) -> str:
 
 
 def environment(template_dir: Path | None = None) -> jinja2.Environment:
+    """Templates load from `template_dir`, then from the built-in ones (so a template of one's own can
+    `{% include "_common.sh.j2" %}`)."""
+    loader = None
+    if template_dir:
+        loader = jinja2.FileSystemLoader([str(template_dir), str(BUILTIN_TEMPLATES)])
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir)) if template_dir else None,
+        loader=loader,
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
         trim_blocks=True, lstrip_blocks=True)
     env.filters["shquote"] = shquote

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 SUMMARY_FIELDS = ["run_id", "config", "host", "status", "error_kind", "concurrency", "completed", "failed",
-                  "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p50_ms",
-                  "output_tok_s", "requests_per_s"]
+                  "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_token_p50_ms", "tpot_p50_ms",
+                  "e2e_p50_ms", "output_tok_s", "requests_per_s"]
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
@@ -59,6 +59,7 @@ def summary_rows(manifest: dict, bench: dict | None) -> list[dict]:
             "concurrency": lv["concurrency"], "completed": lv["completed"], "failed": lv["failed"],
             "ttft_p50_ms": stat("ttft_ms", "p50"), "ttft_p99_ms": stat("ttft_ms", "p99"),
             "itl_p50_ms": stat("itl_ms", "p50"), "itl_p99_ms": stat("itl_ms", "p99"),
+            "itl_token_p50_ms": stat("itl_token_ms", "p50"),
             "tpot_p50_ms": stat("tpot_ms", "p50"), "e2e_p50_ms": stat("e2e_ms", "p50"),
             "output_tok_s": lv.get("output_tok_s"), "requests_per_s": lv.get("requests_per_s")})
     return rows

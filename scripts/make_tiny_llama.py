@@ -72,18 +72,45 @@ def build_tokenizer(size: int):
     return tokenizer
 
 
-def build_model(tokenizer, layers: int, hidden: int, seed: int):
-    """A LlamaForCausalLM with random weights; head size 64, SwiGLU width about 8/3 of hidden."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_bpe_tokenizer(size: int):
+    """A byte-level BPE tokenizer trained here on the word list: the kind real models use, where a
+    token can be a piece of a UTF-8 character that decodes to no text on its own (a random-weight
+    model samples such tokens, and engines then stream events with empty text)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE(unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator([" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 20, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>",
+                                        bos_token="<s>", eos_token="</s>",
+                                        additional_special_tokens=SPECIALS[4:])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def llama_config(tokenizer, layers: int, hidden: int):
+    """A Llama shape: head size 64, half as many KV heads, SwiGLU width about 8/3 of hidden."""
+    from transformers import LlamaConfig
 
     heads = max(1, hidden // 64)
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=(hidden * 8 // 3 + 63) // 64 * 64,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
         max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, dtype="bfloat16")
+
+
+def build_model(tokenizer, layers: int, hidden: int, seed: int):
+    """A LlamaForCausalLM with random weights."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(tokenizer, layers, hidden)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.generation_config.eos_token_id = None  # decode every requested token (module docstring)
@@ -98,15 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=1024, help="a multiple of 64")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", choices=("words", "bpe"), default="words",
+                   help="words: every token decodes to a word; bpe: byte-level BPE, as real models have")
+    p.add_argument("--no-weights", action="store_true", help="write config and tokenizer only, for an "
+                   "engine that makes random weights itself (vLLM --load-format dummy); needs no torch")
     args = p.parse_args(argv)
     if args.hidden % 64 or args.layers < 1:
         p.error("--hidden must be a multiple of 64 and --layers at least 1")
     try:
-        tokenizer = build_tokenizer(args.vocab)
+        tokenizer = (build_bpe_tokenizer if args.tokenizer == "bpe" else build_tokenizer)(args.vocab)
     except ValueError as e:
         p.error(str(e))
-    model = build_model(tokenizer, args.layers, args.hidden, args.seed)
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.no_weights:
+        config = llama_config(tokenizer, args.layers, args.hidden)
+        config.save_pretrained(args.out_dir)
+        tokenizer.save_pretrained(args.out_dir)
+        print(f"{args.out_dir}: LlamaForCausalLM config, {args.layers} layers, hidden {args.hidden}, vocab "
+              f"{len(tokenizer)}, no weights (serve with --load-format dummy)", file=sys.stderr)
+        return 0
+    model = build_model(tokenizer, args.layers, args.hidden, args.seed)
     model.save_pretrained(args.out_dir)   # config.json, generation_config.json, model.safetensors
     tokenizer.save_pretrained(args.out_dir)
     params = sum(t.numel() for t in model.parameters())

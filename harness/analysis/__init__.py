@@ -1,18 +1,26 @@
 """`harness analyze`: where the GPU time of a profiled run goes.
 
-    analyze_path(path, top=15, steps=None) -> dict      SPEC's analysis.json ("harness.analysis/1")
+    analyze_path(path, top=15, requested_steps=None) -> dict      SPEC's analysis.json ("harness.analysis/1")
 
 PATH is one trace file, a profile directory (one file per rank) or a run directory (its profile/,
-with the step count from its manifest.json). Each file is read once, streaming (see `kineto`), and
-reduced to totals (see `summary`); this module only combines the ranks.
+with the step count its manifest.json asked for). Each file is read once, streaming (see `kineto`),
+and reduced to totals (see `summary`); this module only combines the ranks. Which files are ranks,
+and which rank each is, the engines' own naming says (`harness.engines.naming_for`); this module
+names no engine.
 
 Conventions of the result:
 - Every millisecond figure is per rank: the mean over the rank files of that rank's total. So
   `total_gpu_ms` is the mean of each rank's summed kernel time, a kernel's `total_ms` in `top` is its
-  mean per rank, and `count` is launches per rank. Shares are fractions of all kernel time.
-- `steps` comes from the caller, else the run's manifest (`profile.steps` or `profile.num_steps`), else
-  vLLM's per-step annotations in the traces (the most any rank saw); `steps_source` says which.
-  `per_step_ms` = `total_gpu_ms` / `steps`.
+  mean per rank, and `count` is launches per rank. Shares are fractions of all kernel time (in a
+  stage, of that stage's).
+- `stages`: per stage the engine's own step spans mark (decode, prefill, verify, draft), its `steps`
+  (step spans per rank), `step_ms` (their mean wall time), and the kernels that started inside its
+  GPU spans: `total_gpu_ms`, `per_step_ms`, `top`, `categories`, `category_ms` (ms a step). The
+  kernel figures a step are null when the trace has no GPU step spans (a CPU-only trace). Null when
+  the trace marks no steps. `outside_steps_ms`: kernel time that started in no GPU step span.
+- `steps`, `per_step_ms` and `category_ms` are the decode stage's (`steps_source` "trace"); when
+  the trace marks no decode step, the steps asked of the profiler (the caller's, else the run's
+  manifest `profile.steps` or `profile.num_steps`; "request") divide all kernel time; else null.
 - `gpu_idle_ms`: device-wide time with nothing running between each device's first and last kernel,
   mean over ranks; `gpu_idle_share` is that idle time over the same window.
 - `rank_spread`: min and max of the ranks' kernel totals, `spread_pct` = (max - min) / median, and the
@@ -31,11 +39,12 @@ from pathlib import Path
 from harness.analysis.categories import NAMES, categorize
 from harness.analysis.kineto import event_start_at, is_gzip
 from harness.analysis.summary import FileSummary, Totals, summarize, summarize_range
+from harness.engines import TraceNaming, naming_for
 from harness.errors import InputError
 
 SCHEMA = "harness.analysis/1"
 TRACE_PATTERNS = ("*.trace.json", "*.trace.json.gz", "*.json.gz")
-"""Kineto files as SGLang (`*.trace.json.gz`) and vLLM (`*.pt.trace.json[.gz]`) name them."""
+"""Kineto files as torch (`*.pt.trace.json[.gz]`) and engines that name their own (`*.trace.json.gz`) write them."""
 PARALLEL_MIN_BYTES = 64 << 20
 """Below this much trace in all, starting worker processes costs more than reading serially."""
 RANGE_MIN_BYTES = 32 << 20
@@ -45,46 +54,47 @@ STRAGGLER_PCT = 5.0
 __all__ = ["SCHEMA", "analyze_path"]
 
 
-def analyze_path(path: Path, *, top: int = 15, steps: int | None = None) -> dict:
-    """The analysis.json of a trace file, a profile directory or a run directory."""
+def analyze_path(path: Path, *, top: int = 15, requested_steps: int | None = None) -> dict:
+    """The analysis.json of a trace file, a profile directory or a run directory. `requested_steps`
+    (the steps asked of the profiler) only stands in for the steps the trace marks itself."""
     path = Path(path)
-    files, manifest_steps = _locate(path)
+    files, naming, manifest_steps = _locate(path)
     summaries = _summarize_all(files)
-    steps_source = "argument" if steps else None
-    if not steps and manifest_steps:
-        steps, steps_source = manifest_steps, "manifest"
-    if not steps:
-        steps = max((s.steps for s in summaries if s.steps), default=None)
-        steps_source = "annotations" if steps else None
-    return _combine(summaries, top=top, steps=steps, steps_source=steps_source)
+    return _combine(summaries, naming, top=top, requested=requested_steps or manifest_steps)
 
 
-def _locate(path: Path) -> tuple[list[Path], int | None]:
-    """The trace files to read, and the step count a run directory's manifest records."""
+def _locate(path: Path) -> tuple[list[Path], TraceNaming | None, int | None]:
+    """The trace files to read, one per rank, the naming they follow, and the step count a run
+    directory's manifest asked for."""
     if path.is_file():
-        return [path], None
+        return [path], naming_for([path]), None
     if not path.is_dir():
         raise InputError("no such trace file or directory", file=str(path))
     manifest_steps = None
     if (path / "profile").is_dir():
         manifest_steps = _manifest_steps(path / "manifest.json")
         path = path / "profile"
-    found = {p for pattern in TRACE_PATTERNS for p in path.rglob(pattern) if p.is_file()}
+    found = sorted({p for pattern in TRACE_PATTERNS for p in path.rglob(pattern) if p.is_file()})
     if not found:
         raise InputError(f"no trace files ({', '.join(TRACE_PATTERNS)}) in this directory",
                          file=str(path))
-    return _per_rank(sorted(found)), manifest_steps
+    naming = naming_for(found)
+    return _per_rank(found, naming), naming, manifest_steps
 
 
-def _per_rank(files: list[Path]) -> list[Path]:
-    """Drop files that repeat what the per-rank files hold.
+def _per_rank(files: list[Path], naming: TraceNaming | None) -> list[Path]:
+    """The files that hold one rank each, in rank order, as the engine that wrote them names them: no
+    API front end, no file that repeats what the per-rank files hold (merged, or split by stage).
+    Files no engine's naming knows (the harness's own torch wrapper's) are each a rank, by name."""
+    if naming is None:
+        return files
+    ranks = set(naming.per_rank([f.name for f in files]))
+    return sorted((f for f in files if f.name in ranks), key=lambda f: _numeric(naming.rank_key(f.name)))
 
-    SGLang's `merge_profiles` adds `merged-*.trace.json.gz` (every rank in one file); its
-    `profile_by_stage` splits each rank into `-EXTEND` and `-DECODE` files, and decode is what the
-    step figures are about.
-    """
-    files = [f for f in files if not f.name.startswith("merged-")] or files
-    return [f for f in files if "-DECODE" in f.name] or files
+
+def _numeric(key: tuple[str, ...] | None) -> tuple[int, ...]:
+    """A rank key in number order (TP-2 before TP-10); a missing group sorts first."""
+    return tuple(int(g) if g and g.isdigit() else -1 for g in key or ())
 
 
 def _manifest_steps(manifest: Path) -> int | None:
@@ -134,8 +144,8 @@ def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:
     return list(zip(starts, starts[1:] + [None]))
 
 
-def _combine(summaries: list[FileSummary], *, top: int, steps: int | None,
-             steps_source: str | None) -> dict:
+def _combine(summaries: list[FileSummary], naming: TraceNaming | None, *, top: int,
+             requested: int | None) -> dict:
     """The ranks' totals as one analysis.json (per-rank means; see the module docstring)."""
     n = len(summaries)
     kernels: dict[str, list] = {}
@@ -146,13 +156,23 @@ def _combine(summaries: list[FileSummary], *, top: int, steps: int | None,
         _merge(cpu_ops, s.cpu_ops)
         copy_names |= s.copy_names
     kernel_us = sum(total for total, _ in kernels.values())
-    category_us = dict.fromkeys(NAMES, 0.0)
-    for name, (total, _) in kernels.items():
-        category_us["copy" if name in copy_names else categorize(name)] += total
+    category_us = _category_us(kernels, copy_names)
+    split = any(s.gpu_spans for s in summaries)
+    stages = _stages(summaries, copy_names, top=top, split=split)
+    decode = (stages or {}).get("decode")
+    if decode:
+        steps, steps_source = decode["steps"], "trace"
+        per_step_ms, category_ms = decode["per_step_ms"], decode["category_ms"]
+    elif requested:
+        steps, steps_source = requested, "request"
+        per_step_ms = _ms(kernel_us / n / requested)
+        category_ms = {cat: _ms(us / n / requested) for cat, us in category_us.items()}
+    else:
+        steps = steps_source = per_step_ms = category_ms = None
+    staged_us = sum(total for s in summaries for stage in s.stage_kernels.values() for total, _ in stage.values())
 
-    ranked = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
     cpu_ranked = sorted(cpu_ops.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
-    ranks = _ranks(summaries)
+    ranks = _ranks(summaries, naming)
     window_us = sum(s.window_us for s in summaries)
     idle_us = sum(s.idle_us for s in summaries)
     return {
@@ -161,14 +181,15 @@ def _combine(summaries: list[FileSummary], *, top: int, steps: int | None,
                   for s, r in zip(summaries, ranks)],
         "steps": steps,
         "steps_source": steps_source,
-        "per_step_ms": _ms(kernel_us / n / steps) if steps else None,
+        "per_step_ms": per_step_ms,
+        "category_ms": category_ms,
         "total_gpu_ms": _ms(kernel_us / n),
+        "outside_steps_ms": _ms((kernel_us - staged_us) / n) if split else None,
         "gpu_idle_ms": _ms(idle_us / n),
         "gpu_idle_share": _share(idle_us, window_us),
-        "top": [{"name": name, "category": "copy" if name in copy_names else categorize(name),
-                 "total_ms": _ms(total / n), "share": _share(total, kernel_us), "count": _per(count, n)}
-                for name, (total, count) in ranked],
+        "top": _top(kernels, copy_names, n, top),
         "categories": {cat: _share(us, kernel_us) for cat, us in category_us.items()},
+        "stages": stages,
         "cpu_top": [{"name": name, "self_ms": _ms(self_us / n), "count": _per(count, n)}
                     for name, (self_us, count) in cpu_ranked],
         "ranks": ranks,
@@ -176,16 +197,73 @@ def _combine(summaries: list[FileSummary], *, top: int, steps: int | None,
     }
 
 
-def _ranks(summaries: list[FileSummary]) -> list[dict]:
-    """One entry per file; a file whose rank is unknown takes its position among the files."""
+def _stages(summaries: list[FileSummary], copy_names: set[str], *, top: int, split: bool) -> dict | None:
+    """Per stage of the steps the traces mark (decode first, then by steps), what its steps took;
+    `split`: whether any GPU step span says which kernels ran in which step."""
+    n = len(summaries)
+    steps: dict[str, list] = {}
+    kernels: dict[str, dict[str, list]] = {}
+    for s in summaries:
+        _merge(steps, s.steps)
+        for stage, totals in s.stage_kernels.items():
+            _merge(kernels.setdefault(stage, {}), totals)
+    if not steps:
+        return None
+    order = sorted(steps, key=lambda stage: (stage != "decode", -steps[stage][0], stage))
+    return {stage: _stage(*steps[stage], kernels.get(stage, {}), copy_names, n=n, top=top, split=split)
+            for stage in order}
+
+
+def _stage(count: int, wall_us: float, kernels: dict[str, list], copy_names: set[str], *, n: int,
+           top: int, split: bool) -> dict:
+    """One stage's figures. `count` steps over all ranks, `wall_us` their summed wall time; without
+    GPU step spans (`split` false) nothing says which kernels were this stage's, hence null."""
+    kernel_us = sum(total for total, _ in kernels.values())
+    category_us = _category_us(kernels, copy_names)
+    return {
+        "steps": _per(count, n),
+        "per_step_ms": _ms(kernel_us / count) if split else None,
+        "step_ms": _ms(wall_us / count),
+        "total_gpu_ms": _ms(kernel_us / n),
+        "top": _top(kernels, copy_names, n, top),
+        "categories": {cat: _share(us, kernel_us) for cat, us in category_us.items()},
+        "category_ms": {cat: _ms(us / count) for cat, us in category_us.items()} if split else None,
+    }
+
+
+def _category_us(kernels: dict[str, list], copy_names: set[str]) -> dict[str, float]:
+    out = dict.fromkeys(NAMES, 0.0)
+    for name, (total, _) in kernels.items():
+        out[_category(name, copy_names)] += total
+    return out
+
+
+def _top(kernels: dict[str, list], copy_names: set[str], n: int, top: int) -> list[dict]:
+    """The `top` kernels by total time, each with its share of these kernels' time."""
+    kernel_us = sum(total for total, _ in kernels.values())
+    ranked = sorted(kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
+    return [{"name": name, "category": _category(name, copy_names), "total_ms": _ms(total / n),
+             "share": _share(total, kernel_us), "count": _per(count, n)}
+            for name, (total, count) in ranked]
+
+
+def _category(name: str, copy_names: set[str]) -> str:
+    return "copy" if name in copy_names else categorize(name)
+
+
+def _ranks(summaries: list[FileSummary], naming: TraceNaming | None) -> list[dict]:
+    """One entry per file. Its rank: what torch.distributed recorded in it, else the number in its
+    name, else its position among the files."""
     out = []
     for index, s in enumerate(summaries):
         kernel_us = s.kernel_us
         top3 = sorted(s.kernels.items(), key=lambda kv: kv[1][0], reverse=True)[:3]
+        rank = s.rank if s.rank is not None else naming.rank_number(s.path.name) if naming else None
         out.append({
-            "rank": s.rank if s.rank is not None else index,
+            "rank": rank if rank is not None else index,
             "file": s.path.name,
             "total_gpu_ms": _ms(kernel_us),
+            "cpu_ms": _ms(sum(self_us for self_us, _ in s.cpu_ops.values())),
             "idle_ms": _ms(s.idle_us),
             "top3": [{"name": name, "total_ms": _ms(total), "share": _share(total, kernel_us)}
                      for name, (total, _) in top3],
@@ -194,12 +272,16 @@ def _ranks(summaries: list[FileSummary]) -> list[dict]:
 
 
 def _spread(ranks: list[dict]) -> dict:
-    totals = [r["total_gpu_ms"] for r in ranks]
+    """How far the ranks' work differs: their GPU kernel time, or on a trace without kernels (an
+    engine on CPUs) their CPU ops' time (`basis` says which)."""
+    basis = "total_gpu_ms" if any(r["total_gpu_ms"] for r in ranks) else "cpu_ms"
+    totals = [r[basis] for r in ranks]
     median = statistics.median(totals)
     lo, hi = min(totals), max(totals)
-    slowest = max(ranks, key=lambda r: r["total_gpu_ms"])
-    above_pct = (slowest["total_gpu_ms"] - median) / median * 100 if median else 0.0
+    slowest = max(ranks, key=lambda r: r[basis])
+    above_pct = (slowest[basis] - median) / median * 100 if median else 0.0
     return {
+        "basis": "gpu_kernels" if basis == "total_gpu_ms" else "cpu_ops",
         "min_ms": lo,
         "max_ms": hi,
         "spread_pct": round((hi - lo) / median * 100, 2) if median else 0.0,
@@ -208,8 +290,9 @@ def _spread(ranks: list[dict]) -> dict:
 
 
 def _merge(into: dict[str, list], totals: dict[str, list]) -> None:
+    """Add pairs name -> [value, count]; a whole number stays one (steps are counted, not measured)."""
     for name, (value, count) in totals.items():
-        stat = into.setdefault(name, [0.0, 0])
+        stat = into.setdefault(name, [0, 0])
         stat[0] += value
         stat[1] += count
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness import engines
 from harness.config.yamlfile import load_yaml
 
 ArgScalar = Union[bool, int, float, str, None]
@@ -70,7 +71,7 @@ class Server(Strict):
     startup_timeout_s: float = Field(1800, gt=0, description="give up waiting for health after this")
     health_path: str | None = Field(None, description="health endpoint; default: the engine's")
     module: str | None = Field(None, description="Python module the engine needs (preflight checks it "
-                               "imports); default: the engine's")
+                               "imports); default: the engine's", pattern=r"^([A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
     help_command: str | None = Field(None, description="prints the engine's flags, for the preflight flag "
                                      "check; default: the engine's; \"\" turns the check off")
 
@@ -164,10 +165,12 @@ References = Annotated[dict[str, dict[str, Union[Reference, dict[int, Reference]
 class Playbook(Strict):
     name: str
     hosts: str = Field(description="group, host name or glob from the inventory")
-    engine: Literal["sglang", "vllm", "sim", "openai"] = Field(
-        description="sglang, vllm, sim (the simulator) or openai (any OpenAI-compatible server, by template)")
-    flavor: Literal["sglang", "vllm"] = Field("sglang", description="engine: sim imitates this engine")
-    template: str | None = Field(None, description="launch template; default templates/<engine>.sh.j2")
+    engine: str = Field(description="a registered engine: sglang, vllm, sim (the simulator) or openai (any "
+                        "OpenAI-compatible server, by template)")
+    flavor: str | None = Field(None, description="engine sim: the engine it imitates (default: the "
+                               "simulator's default, SGLang)")
+    template: str | None = Field(None, description="launch template; default: the engine's own, or "
+                                 "templates/<engine>.sh.j2 beside the playbook")
     model: ModelSpec
     server: Server = Field(default_factory=Server)
     configs: list[Config] = Field(min_length=1)
@@ -190,18 +193,29 @@ class Playbook(Strict):
                 raise ValueError(f"configuration name {name!r} appears twice")
         return configs
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in engines.names():
+            raise ValueError(f"unknown engine {v!r}: use one of {', '.join(engines.names())}")
+        return v
+
+    @field_validator("flavor")
+    @classmethod
+    def _imitable(cls, v: str | None) -> str | None:
+        if v is not None and v not in engines.imitable():
+            raise ValueError(f"the simulator imitates {', '.join(engines.imitable())}, not {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _engine_needs(self):
-        if self.engine == "openai" and not self.template:
-            raise ValueError("engine openai needs `template:` (the script that launches the server)")
-        if self.engine == "openai" and self.profile.mode in ("engine", "nsys"):
-            raise ValueError("engine openai has no profiler protocol: use profile.mode torch or none")
+        engine = engines.get_engine(self.engine, self.flavor)
+        if not engine.template and not self.template:
+            raise ValueError(f"engine {self.engine} needs `template:` (the script that launches the server)")
+        if self.profile.mode not in engine.profile_modes:
+            raise ValueError(f"engine {self.engine} has no profile.mode {self.profile.mode}: use one of "
+                             f"{', '.join(engine.profile_modes)}")
         return self
-
-    @property
-    def protocol(self) -> str:
-        """The engine whose HTTP and profiler protocol the server speaks."""
-        return self.flavor if self.engine == "sim" else self.engine
 
 
 def load_playbook(path: Path | str) -> tuple[Playbook, Any]:

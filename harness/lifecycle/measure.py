@@ -2,14 +2,16 @@
 
 The benchmark client (`harness/remote/bench.py`, standard library only) runs inside the host's venv
 next to the server, so no network sits between client and server in the measurement. The profile
-protocol (SGLang's num_steps with traffic flowing, vLLM's start/stop) runs in the host agent.
+protocol is the engine's (`Engine.capture`, plain data) and the host agent follows it there.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import asdict
 
+from harness.engines import CaptureSettings
 from harness.errors import RemoteTimeout
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.server import alive_check, server_alive
@@ -51,18 +53,17 @@ def bench(ctx: RunContext) -> None:
 def profile(ctx: RunContext) -> dict:
     """Capture a trace from every rank; a refusal is recorded, never a run failure (the benchmark stands)."""
     pb = ctx.sweep.playbook
-    p = pb.profile
-    ranks = ctx.sweep.engine.ranks(ctx.rendered.args)
-    protocol = "torch" if p.mode == "torch" else ctx.sweep.engine.protocol
-    ranks = 1 if p.mode == "torch" else ranks
-    args = ["profile", "--protocol", protocol, "--url", ctx.base_url, "--model",
-            pb.model.name, "--dir", ctx.paths.profile_dir, "--ranks", ranks, "--num-steps", p.num_steps,
-            "--concurrency", p.concurrency, "--timeout", p.timeout_s,
-            "--max-tokens", max(pb.benchmark.max_tokens, 4 * p.num_steps)]
-    if p.start_step is not None:
-        args += ["--start-step", p.start_step]
-    if p.mode == "nsys":
-        args.append("--nsys")
+    p, engine = pb.profile, ctx.sweep.engine
+    args: list[str | int | float] = [
+        "profile", "--url", ctx.base_url, "--model", pb.model.name, "--dir", ctx.paths.profile_dir,
+        "--num-steps", p.num_steps, "--concurrency", p.concurrency, "--timeout", p.timeout_s,
+        "--max-tokens", max(pb.benchmark.max_tokens, 4 * p.num_steps)]
+    if p.mode != "torch":   # torch: the window of the harness's own wrapper, whatever the engine
+        capture = engine.capture(CaptureSettings(ctx.paths.profile_dir, p.num_steps, p.start_step,
+                                                 nsys=p.mode == "nsys"))
+        assert capture is not None and engine.traces is not None  # the playbook checked profile_modes
+        spec = capture | {"ranks": engine.ranks(ctx.rendered.args), "naming": asdict(engine.traces)}
+        args += ["--spec", json.dumps(spec, separators=(",", ":"))]
     if pb.benchmark.prompt:
         args += ["--prompt", pb.benchmark.prompt]
     if not pb.benchmark.ignore_eos:

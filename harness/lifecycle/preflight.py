@@ -7,6 +7,7 @@ seconds, not at 3 a.m.), and records the host's facts.
 
 from __future__ import annotations
 
+import difflib
 import json
 import shlex
 
@@ -75,7 +76,10 @@ def preflight(ctx: RunContext) -> dict:
                        "flags", output=help_text[-2000:])
     unknown = engine.unknown_flags(help_text, sorted({f for f, _ in flag_pairs(ctx.rendered.args)}))
     if unknown:
+        known = engine.known_flags(help_text)
+        named = "; ".join(f"{flag} (did you mean {near[0]}?)" if (near := difflib.get_close_matches(
+            flag, known, n=1, cutoff=0.8)) else flag for flag in unknown)
         raise ctx.fail("preflight", f"the {engine.name} installed in {ctx.venv} on {ctx.host.name} does not "
-                       f"accept {', '.join(unknown)} (not in `{engine.help_command}`): the flag was "
-                       "renamed or removed in this version", output=help_text[-2000:])
+                       f"accept {named}: not in `{engine.help_command}` (a typo, or a flag this version "
+                       "renamed or removed)", output=help_text[-2000:])
     return probe

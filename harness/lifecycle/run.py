@@ -21,6 +21,7 @@ from harness.lifecycle.context import RunContext
 from harness.lifecycle.measure import bench, profile
 from harness.lifecycle.preflight import preflight
 from harness.lifecycle.server import launch, teardown, wait_healthy
+from harness.render import BUILTIN_TEMPLATES
 from harness.results import atomic_write, write_json
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
@@ -95,15 +96,19 @@ def _room_for(ctx: RunContext) -> None:
 
 
 def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
+    """analysis.json of the traces brought back. The steps asked of the profiler stand in only when
+    the traces mark no steps themselves: an engine may run more steps than asked (vLLM 0.26 ran 318
+    for 10) or count only the steps with work (SGLang)."""
     from harness.analysis import analyze_path  # heavy-ish; only runs with traces
     if not profile_record or not profile_record.get("files"):
         return None
     try:
-        analysis = analyze_path(local_dir / "profile", steps=profile_record.get("num_steps"))
+        analysis = analyze_path(local_dir / "profile", requested_steps=profile_record.get("num_steps"))
     except HarnessError as e:
         return {"error": str(e)}
     write_json(local_dir / "analysis.json", analysis)
     return {"file": "analysis.json", "total_gpu_ms": analysis.get("total_gpu_ms"),
+            "steps": analysis.get("steps"), "steps_source": analysis.get("steps_source"),
             "per_step_ms": analysis.get("per_step_ms")}
 
 
@@ -120,8 +125,10 @@ def _nsys_reports(local_dir: Path, record: dict) -> dict:
 
 
 def template_record(template: Path) -> dict:
-    """The launch template and every template beside it (includes), text and sha256: enough to render again."""
-    files = {p.name: p.read_text() for p in sorted(template.parent.glob("*.j2"))}
+    """The launch template and every template it could include (those beside it, then the built-in
+    ones), text and sha256: enough to render again."""
+    files = {p.name: p.read_text() for p in sorted(BUILTIN_TEMPLATES.glob("*.j2"))}
+    files |= {p.name: p.read_text() for p in sorted(template.parent.glob("*.j2"))}
     files[template.name] = template.read_text()
     return {"path": str(template), "name": template.name,
             "sha256": hashlib.sha256(files[template.name].encode()).hexdigest(),
@@ -150,7 +157,7 @@ def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict 
         profile_record = _nsys_reports(ctx.local_dir, profile_record)
     if profile_record is not None:
         profile_out = {k: profile_record.get(k) for k in
-                       ("status", "mode", "files", "missing_ranks", "expected_ranks", "num_steps", "dir",
+                       ("status", "mode", "files", "missing_ranks", "ranks_found", "expected_ranks", "num_steps", "dir",
                         "bytes", "error", "hint", "answers", "seconds")}
         if profile_record.get("status") != "failed":
             profile_out["analysis"] = _analyze(ctx.local_dir, profile_record)
@@ -164,7 +171,7 @@ def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict 
         "repeat": ctx.run.repeat,
         "host": ctx.host.public(redact),
         "engine": sweep.engine.name,
-        "protocol": sweep.engine.protocol,
+        "protocol": sweep.engine.speaks,
         "model": sweep.playbook.model.model_dump(),
         "gpus_used": sweep.engine.ranks(ctx.rendered.args),
         "port": ctx.rendered.port,

@@ -54,10 +54,13 @@ def wait_healthy(ctx: RunContext) -> float:
     if answer["status"] == "died":
         code = answer.get("exit_code")
         if OOM.search(log):
-            raise ctx.fail("oom", f"the server ran out of memory while starting (exit {code}); "
-                           "lower mem-fraction-static / gpu-memory-utilization or use more GPUs", output=log)
+            raise ctx.fail("oom", f"the server ran out of memory while starting (exit {code}): "
+                           f"{ctx.sweep.engine.oom_hint}", output=log)
+        said = answer.get("error_line", "")
         raise ctx.fail("launch", f"the server exited during startup (exit {code}) after "
-                       f"{answer['seconds']:.0f} s", output=log)
+                       f"{answer['seconds']:.0f} s" + (f": {said}" if said else "")
+                       + f" (the log's end below; all of it in {paths.log} on the host, server.log in the run)",
+                       output=log)
     raise ctx.fail("startup_timeout", f"not healthy after {timeout:g} s (last answer from {health}: "
                    f"{answer.get('last_answer') or 'none'})", output=log)
 

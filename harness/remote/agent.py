@@ -5,7 +5,7 @@ object on stdout, so the orchestrator needs one SSH command per step instead of 
 
     probe    --module M --port P --bind H --dir D    python, engine import, port holder, disk, GPUs
     wait     --url U --pid-file F --timeout S         health: healthy | died | timeout (+ log tail)
-    profile  --protocol sglang|vllm --url U --dir D ...   start the engine profiler, keep traffic
+    profile  --spec JSON --url U --dir D ...         start the engine's profiler, keep traffic
                                                       flowing, await every rank's trace file
     stop     --pid-file F --port P --timeout S        kill the server's process group, confirm the port closed
     watch    --pid-file F --lease L --lease-s S       beside the server: kill it when the lease lapses
@@ -46,6 +46,29 @@ def log_tail(path: str, lines: int = 60) -> str:
             return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit)): \S")
+ARGPARSE_LINE = re.compile(r"^\S+: error: ")
+
+
+def root_error(path: str, limit: int = 256 * 1024) -> str:
+    """The line of a server log most likely to say why it died: the last exception line that does not
+    defer to an earlier one ("see root cause above"), else the earliest that does, else argparse's
+    `prog: error: ...`; "" when there is none. Engines log one failure several times over, wrapped
+    by each process it passes through (vLLM: Worker, EngineCore, API server)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    found = [line.strip() for line in lines if (EXCEPTION_LINE.search(line) or ARGPARSE_LINE.search(line))
+             and "WARNING" not in line]
+    plain = [line for line in found if "above" not in line.lower()]
+    line = plain[-1] if plain else (found[0] if found else "")
+    return line if len(line) <= 400 else line[:397] + "..."
 
 
 def http(method: str, url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
@@ -182,14 +205,14 @@ def cmd_wait(a) -> int:
             except (OSError, ValueError):
                 pass
             return emit({"status": "died", "seconds": time.monotonic() - start, "exit_code": code,
-                         "last_answer": last, "log_tail": log_tail(a.log)})
+                         "last_answer": last, "log_tail": log_tail(a.log), "error_line": root_error(a.log)})
         status, body = http("GET", a.url, timeout=a.probe_timeout)
         if status == 200:
             return emit({"status": "healthy", "seconds": time.monotonic() - start})
         last = f"HTTP {status}: {body[:200]}" if status else body
         if time.monotonic() - start > a.timeout:
             return emit({"status": "timeout", "seconds": time.monotonic() - start, "last_answer": last,
-                         "log_tail": log_tail(a.log)})
+                         "log_tail": log_tail(a.log), "error_line": root_error(a.log)})
         time.sleep(a.interval)
 
 
@@ -299,13 +322,16 @@ def cmd_reap(a) -> int:
 
 
 # --- profile capture ------------------------------------------------------------------------------
+#
+# The engine's protocol arrives as data (`--spec`, written by harness/engines): which endpoint starts
+# the capture and with what body, whether to stop it and when, how to keep the engine busy, and how its
+# trace files are named. This file knows no engine.
 
-RANK = {"sglang": re.compile(r"-TP-(\d+)"), "vllm": re.compile(r"_tp(\d+)_"), "torch": re.compile(r"torch-()")}
-TRACE_GLOB = {"sglang": "*.trace.json.gz", "vllm": "*.pt.trace.json.gz", "torch": "torch-*.pt.trace.json.gz"}
+TORCH_NAMING = {"glob": "torch-*.pt.trace.json.gz", "rank": r"^torch-()", "not_ranks": ""}
 
 
 class Traffic:
-    """Streams kept flowing in background threads: SGLang's num_steps only counts steps with work."""
+    """Requests kept flowing in background threads: engines count only steps that have work."""
 
     def __init__(self, url: str, body: dict, concurrency: int):
         self.stop = threading.Event()
@@ -323,21 +349,32 @@ class Traffic:
         self.stop.set()
 
 
-def traces(directory: str, protocol: str) -> dict[str, int]:
+def traces(directory: str, naming: dict) -> dict[str, int]:
     return {os.path.basename(p): os.path.getsize(p)
-            for p in glob.glob(os.path.join(directory, "**", TRACE_GLOB[protocol]), recursive=True)}
+            for p in glob.glob(os.path.join(directory, "**", naming["glob"]), recursive=True)}
 
 
-def await_traces(a, deadline: float) -> dict[str, int]:
+def rank_keys(names, naming: dict) -> set:
+    """The ranks these files cover (each rank is the tuple of the naming's groups); front ends out."""
+    keys = set()
+    for name in names:
+        if naming.get("not_ranks") and re.search(naming["not_ranks"], name):
+            continue
+        m = re.search(naming["rank"], name)
+        if m:
+            keys.add(m.groups())
+    return keys
+
+
+def await_traces(directory: str, naming: dict, ranks: int, deadline: float, stable_s: float) -> dict[str, int]:
     """Wait until a trace exists for every rank and no size changed for `stable_s` seconds."""
     last: dict[str, int] = {}
     stable_since = time.monotonic()
     while time.monotonic() < deadline:
-        now = traces(a.dir, a.protocol)
+        now = traces(directory, naming)
         if now != last:
             last, stable_since = now, time.monotonic()
-        ranks = {int(m.group(1)) for n in now if (m := RANK[a.protocol].search(n))}
-        if len(ranks) >= a.ranks and time.monotonic() - stable_since >= a.stable_s:
+        if len(rank_keys(now, naming)) >= ranks and time.monotonic() - stable_since >= stable_s:
             return now
         time.sleep(0.25)
     return last
@@ -386,7 +423,7 @@ def torch_window(a, out: dict, deadline: float) -> dict[str, int]:
     answers.append({"call": "close the torch.profiler window", "answer": closed or "no answer"})
     if closed != ".done":
         out["error"] = "the profiler window did not close: " + (_read(a.dir, ".failed") or "timed out")
-    return traces(a.dir, a.protocol)
+    return traces(a.dir, TORCH_NAMING)
 
 
 def _read(directory: str, name: str) -> str:
@@ -397,89 +434,88 @@ def _read(directory: str, name: str) -> str:
         return ""
 
 
+def _call(a, answers: list, path: str, body, deadline: float) -> tuple[int, str]:
+    status, text = http("POST", a.url + path, body, timeout=max(1.0, deadline - time.monotonic()))
+    answers.append({"call": f"POST {path}", "request": body, "status": status, "body": text[:500]})
+    return status, text
+
+
+def engine_capture(a, spec: dict, out: dict, deadline: float) -> tuple[dict[str, int], int, str]:
+    """Follow the engine's protocol: start, traffic, await every rank's file, stop. Returns the files,
+    and the status and text of the call that failed (200 when none did)."""
+    answers, naming = out["answers"], spec["naming"]
+    status, text = _call(a, answers, spec["start"]["path"], spec["start"].get("body"), deadline)
+    if status != 200:
+        return traces(a.dir, naming), status, text
+    traffic = spec.get("traffic", "flow")
+    if isinstance(traffic, dict):   # one request that covers the capture (nsys brackets the steps)
+        code, reply = http("POST", a.url + "/v1/completions", request_body(a, int(traffic["max_tokens"])),
+                           timeout=max(1.0, deadline - time.monotonic()))
+        answers.append({"call": "POST /v1/completions", "status": code, "body": reply[:200]})
+        flowing = None
+    else:
+        flowing = Traffic(a.url + "/v1/completions", request_body(a, a.max_tokens), a.concurrency)
+    try:
+        if spec.get("await") == "exit":
+            files: dict[str, int] = {}
+        else:
+            files = await_traces(a.dir, naming, spec["ranks"], deadline, a.stable_s)
+    finally:
+        if flowing:
+            flowing.close()
+    if spec.get("stop"):
+        status, text = _call(a, answers, spec["stop"]["path"], None, deadline)
+        if spec.get("await") != "exit":
+            files = traces(a.dir, naming)
+    return files, status, text
+
+
 def cmd_profile(a) -> int:
     os.makedirs(a.dir, exist_ok=True)
     start = time.monotonic()
     deadline = start + a.timeout
-    answers = []
-    out: dict = {"protocol": a.protocol, "dir": a.dir, "expected_ranks": a.ranks, "answers": answers}
-    body = request_body(a, a.max_tokens)
-    traffic = None
-    if a.protocol == "torch":
+    answers: list = []
+    spec = json.loads(a.spec) if a.spec else {"naming": TORCH_NAMING, "ranks": 1}
+    naming = spec["naming"]
+    out: dict = {"dir": a.dir, "expected_ranks": spec["ranks"], "answers": answers}
+    if not a.spec:
         files = torch_window(a, out, deadline)
-        out.update(files=[{"name": n, "bytes": s} for n, s in sorted(files.items())],
-                   missing_ranks=[] if files else [0], seconds=time.monotonic() - start,
-                   bytes=sum(files.values()), status="ok" if files and "error" not in out else "failed")
-        if not files:
-            out.setdefault("error", f"no torch.profiler trace in {a.dir}")
+        status, text = 200, ""
+        if not files and "error" not in out:
+            out["error"] = f"no torch.profiler trace in {a.dir}"
             out["hint"] = "launch the server through torchprof.py in the template, and check server.log"
-        return emit(out)
-    if a.protocol == "sglang":
-        # under nsys the engine only brackets the steps with cudaProfilerStart/Stop; nsys writes its
-        # report when the server exits, so there is nothing to await here
-        activities = ["CUDA_PROFILER"] if a.nsys else ["CPU", "GPU"]
-        request = {"output_dir": a.dir, "num_steps": a.num_steps, "activities": activities}
-        if a.start_step is not None or a.nsys:
-            request["start_step"] = a.start_step if a.start_step is not None else 3
-        status, text = http("POST", a.url + "/start_profile", request)
-        answers.append({"call": "POST /start_profile", "request": request, "status": status, "body": text[:500]})
-        if status == 200 and a.nsys:
-            steps = request["start_step"] + a.num_steps + 4
-            http("POST", a.url + "/v1/completions", dict(body, max_tokens=steps), timeout=a.timeout)
-            return emit(dict(out, status="pending", files=[], missing_ranks=[], bytes=0,
+    else:
+        files, status, text = engine_capture(a, spec, out, deadline)
+        if status == 200 and spec.get("await") == "exit":
+            return emit(dict(out, status="pending", files=[], ranks_found=0, missing_ranks=0, bytes=0,
                              seconds=time.monotonic() - start,
                              note="nsys writes its report into the profile directory when the server exits"))
-        if status == 200:
-            # never /stop_profile after a num_steps start: it answers 500 and can write into an old dir
-            traffic = Traffic(a.url + "/v1/completions", body, a.concurrency)
-    else:
-        status, text = http("POST", a.url + "/start_profile")
-        answers.append({"call": "POST /start_profile", "status": status, "body": text[:500]})
-        if status == 200:
-            traffic = Traffic(a.url + "/v1/completions", dict(body, max_tokens=a.num_steps + 1), a.concurrency)
-            time.sleep(a.step_hint_s)
-            traffic.close()
-            status, text = http("POST", a.url + "/stop_profile", timeout=max(1.0, deadline - time.monotonic()))
-            answers.append({"call": "POST /stop_profile", "status": status, "body": text[:500]})
-            if status == 200 and a.nsys:
-                return emit(dict(out, status="pending", files=[], missing_ranks=[], bytes=0,
-                                 seconds=time.monotonic() - start,
-                                 note="nsys writes its report into the profile directory when the server exits"))
-    try:
-        files = await_traces(a, deadline) if status == 200 else traces(a.dir, a.protocol)
-    finally:
-        if traffic:
-            traffic.close()
-    ranks = {int(m.group(1)) for n in files if (m := RANK[a.protocol].search(n))}
-    missing = sorted(set(range(a.ranks)) - ranks)
-    out.update(files=[{"name": n, "bytes": s} for n, s in sorted(files.items())], missing_ranks=missing,
-               seconds=time.monotonic() - start, bytes=sum(files.values()))
-    if status != 200:
+    hints = spec.get("hints") or {}
+    found = rank_keys(files, naming)
+    missing = max(0, spec["ranks"] - len(found))
+    out.update(files=[{"name": n, "bytes": s, "rank": n in _rank_files(files, naming)}
+                      for n, s in sorted(files.items())],
+               ranks_found=len(found), missing_ranks=missing, seconds=time.monotonic() - start,
+               bytes=sum(files.values()))
+    if "error" in out:
+        out["status"] = "failed"
+    elif status != 200:
         answer = f"HTTP {status}" if status else f"no answer ({text})"
         out.update(status="failed",
                    error=f"the engine answered {answers[-1]['call']} with {answer}: {text[:300]!r}"
                    + ("" if files else f"; {a.dir} stayed empty"),
-                   hint=HINTS.get((a.protocol, status), HINTS[(a.protocol, None)]))
+                   hint=hints.get(str(status), hints.get("", "")))
     elif missing:
-        out.update(status="partial" if files else "failed",
-                   error=f"no trace from rank(s) {missing} in {a.dir} after {time.monotonic() - start:.0f} s",
-                   hint=HINTS[(a.protocol, None)])
+        out.update(status="partial" if found else "failed",
+                   error=f"traces from {len(found)} of {spec['ranks']} ranks in {a.dir} after "
+                         f"{time.monotonic() - start:.0f} s", hint=hints.get("", ""))
     else:
         out["status"] = "ok"
     return emit(out)
 
 
-HINTS = {
-    ("sglang", 500): "SGLang answers a bare 500 when a profile is already in progress (an earlier "
-                     "num_steps session that never saw traffic) or after it stopped by itself; restart "
-                     "the server or wait for the earlier session's traces in its own output_dir",
-    ("sglang", None): "SGLang writes traces only when profiling stops: keep traffic flowing for num_steps "
-                      "steps, check SGLANG_TORCH_PROFILER_DIR is writable on every node, and raise "
-                      "profile.timeout_s for large models",
-    ("vllm", 404): "vLLM answers 404 when no profiler was configured at launch: the template must pass "
-                   "--profiler-config.profiler torch --profiler-config.torch_profiler_dir DIR",
-    ("vllm", None): "vLLM flushes traces slowly on large models (minutes): raise profile.timeout_s",
-}
+def _rank_files(files, naming: dict) -> set:
+    return {n for n in files if rank_keys([n], naming)}
 
 
 def main(argv=None) -> int:
@@ -505,20 +541,17 @@ def main(argv=None) -> int:
     s.add_argument("--timeout", type=float, default=30.0)
     s.add_argument("--gpu-baseline", default="", help="MiB used per GPU before launch: wait for it again")
     f = sub.add_parser("profile")
-    f.add_argument("--protocol", choices=sorted(TRACE_GLOB), required=True)
+    f.add_argument("--spec", default="", help="the engine's capture protocol (JSON); none: the torch "
+                   "window of torchprof.py")
     f.add_argument("--url", required=True)
     f.add_argument("--model", required=True)
     f.add_argument("--dir", required=True)
-    f.add_argument("--ranks", type=int, default=1)
     f.add_argument("--num-steps", type=int, default=10)
-    f.add_argument("--start-step", type=int)
     f.add_argument("--concurrency", type=int, default=1)
     f.add_argument("--prompt", default="Hello")
     f.add_argument("--max-tokens", type=int, default=64)
     f.add_argument("--timeout", type=float, default=600.0)
     f.add_argument("--stable-s", type=float, default=1.0)
-    f.add_argument("--step-hint-s", type=float, default=2.0, help="vLLM: traffic time between start and stop")
-    f.add_argument("--nsys", action="store_true", help="the server runs under nsys: drive its capture range")
     f.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     f.add_argument("--extra-body", default="", help="a JSON object of fields added to every request")
     wd = sub.add_parser("watch")

@@ -16,7 +16,12 @@ requests failed; 2 on bad arguments; 3 when no request of any level completed.
 
 Definitions (per request; a level's distributions pool its completed requests):
     TTFT = first chunk carrying text (or reasoning text) - request sent
-    ITL  = gaps between consecutive text-carrying chunks (pooled over the level's requests)
+    ITL  = gaps between consecutive text-carrying chunks (pooled over the level's requests): per chunk
+    ITL per token (itl_token_ms) = each gap / the tokens its chunk carried (usage per chunk when the
+           engine sends it, else the request's completion_tokens / its text chunks). An engine may put
+           several tokens in one chunk, or send a token that decodes to no text as an event with empty
+           text (counted as empty_events, not as a chunk): then ITL per chunk is a multiple of TPOT
+           and ITL per token is the figure to compare with a client that counts every event
     TPOT = (E2E - TTFT) / (completion_tokens - 1), for requests of two tokens or more
     E2E  = last text-carrying chunk - request sent
     completion_tokens from the server's usage; without usage, the chunk count (tokens_from: "chunks")
@@ -105,6 +110,10 @@ class Outcome:
     prompt_tokens: Optional[int]
     status: Optional[int]
     error: Optional[str]
+    chunk_tokens: Optional[List[int]] = None   # completion_tokens so far at each text chunk, when
+                                               # every one carried usage (SGLang's continuous usage)
+    empty_events: int = 0       # events with a choice but no text (a token that decodes to nothing, or
+                                # a closing event that only gives the finish reason)
 
 
 # --------------------------------------------------------------------------- the hot path
@@ -446,8 +455,10 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: Optional[str]
         return Outcome(sent_ns, end_ns, [], None, None, None, "malformed response head")
     body: Reads = [(t, head[end + 4:])] + reads[i + 1:]
     times: List[int] = []
+    running: Optional[List[int]] = []
     tokens = prompt_tokens = None
     failure = None
+    empty = 0
     try:
         if chunked:
             body = list(_dechunk(body))
@@ -468,16 +479,23 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: Optional[str]
             failure = _error_message(obj)
             if failure:
                 break
-            if _carries_text(obj):
-                times.append(t)
             usage = obj.get("usage")
             if usage:  # assigned, not added: usage on the last content chunk counts once
                 tokens, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+            if _carries_text(obj):
+                times.append(t)
+                if running is not None and usage and isinstance(tokens, int):
+                    running.append(tokens)
+                else:
+                    running = None
+            elif obj.get("choices"):
+                empty += 1
         if not seen_data and failure is None:
             failure = "not an event stream: " + _excerpt(b"".join(d for _, d in body))
     except (ValueError, AttributeError, TypeError) as e:  # bad chunk size, JSON or JSON shape
         failure = f"malformed response: {e}"
-    return Outcome(sent_ns, end_ns, times, tokens, prompt_tokens, status, failure or error)
+    return Outcome(sent_ns, end_ns, times, tokens, prompt_tokens, status, failure or error,
+                   running if running else None, empty)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -514,11 +532,24 @@ def request_record(concurrency: int, index: int, o: Outcome) -> dict:
         ttft, e2e = _ms(o.times[0] - o.sent_ns), _ms(o.times[-1] - o.sent_ns)
         if tokens >= 2:
             tpot = (e2e - ttft) / (tokens - 1)
+    itl = [_ms(b - a) for a, b in zip(o.times, o.times[1:])]
     return {"concurrency": concurrency, "index": index, "start_ns": o.sent_ns, "end_ns": o.end_ns,
-            "ttft_ms": ttft, "itl_ms": [_ms(b - a) for a, b in zip(o.times, o.times[1:])],
+            "ttft_ms": ttft, "itl_ms": itl, "itl_token_ms": _per_token(itl, o, tokens),
             "tpot_ms": tpot, "e2e_ms": e2e, "output_tokens": tokens,
             "tokens_from": "usage" if o.tokens is not None else "chunks", "chunks": len(o.times),
-            "prompt_tokens": o.prompt_tokens, "status": o.status, "error": o.error}
+            "empty_events": o.empty_events, "prompt_tokens": o.prompt_tokens, "status": o.status,
+            "error": o.error}
+
+
+def _per_token(itl: List[float], o: Outcome, tokens: int) -> List[float]:
+    """Each gap divided by the tokens its (later) chunk carried: from usage per chunk when the engine
+    sends it, else the request's tokens over its text chunks (an engine may send several tokens in one
+    chunk, or a token that decodes to no text in an event of its own)."""
+    if o.chunk_tokens and len(o.chunk_tokens) == len(o.times):
+        counts = [b - a for a, b in zip(o.chunk_tokens, o.chunk_tokens[1:])]
+        return [gap / n for gap, n in zip(itl, counts) if n > 0]
+    per_chunk = tokens / len(o.times) if o.times else 1
+    return [gap / per_chunk for gap in itl] if per_chunk > 0 else []
 
 
 def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> Optional[dict]:
@@ -559,6 +590,9 @@ def summarize_level(concurrency: int, outcomes: Sequence[Outcome]) -> Tuple[dict
                    for e, n in Counter(r["error"] for r in records if r["error"]).most_common(10)],
         "ttft_ms": distribution(r["ttft_ms"] for r in ok if r["ttft_ms"] is not None),
         "itl_ms": distribution(x for r in ok for x in r["itl_ms"]),
+        "itl_token_ms": distribution(x for r in ok for x in r["itl_token_ms"]),
+        "tokens_per_chunk": (output_tokens / chunks) if (chunks := sum(r["chunks"] for r in ok)) else None,
+        "empty_events": sum(r["empty_events"] for r in ok),
         "tpot_ms": distribution(r["tpot_ms"] for r in ok if r["tpot_ms"] is not None),
         "e2e_ms": distribution(r["e2e_ms"] for r in ok if r["e2e_ms"] is not None),
         "decode": decode_window(outcomes, concurrency),
@@ -666,6 +700,11 @@ def write_results(result: dict, out_path) -> None:
     _write_atomic(out.with_name("requests.jsonl"), "".join(json.dumps(r) + "\n" for r in result["requests"]))
 
 
+def several_per_chunk(level: dict) -> bool:
+    """Whether chunks carried noticeably more than one token: then ITL per chunk and per token differ."""
+    return (level.get("tokens_per_chunk") or 1) > 1.05
+
+
 def format_level(level: dict) -> str:
     def f(v: Optional[float]) -> str:
         return "-" if v is None else f"{v:.2f}"
@@ -673,8 +712,10 @@ def format_level(level: dict) -> str:
     decode = level["decode"]
     line = (f"concurrency {level['concurrency']}: {level['completed']}/{level['requests']} completed, "
             f"{f(level['output_tok_s'])} tok/s, TTFT p50 {f(level['ttft_ms']['p50'])} ms, "
-            f"ITL p50 {f(level['itl_ms']['p50'])} p99 {f(level['itl_ms']['p99'])} ms, "
-            f"TPOT p50 {f(level['tpot_ms']['p50'])} ms, "
+            f"ITL p50 {f(level['itl_ms']['p50'])} p99 {f(level['itl_ms']['p99'])} ms"
+            + (f" (per token {f(level['itl_token_ms']['p50'])} p99 {f(level['itl_token_ms']['p99'])}, "
+               f"{level['tokens_per_chunk']:.2f} tokens a chunk)" if several_per_chunk(level) else "")
+            + f", TPOT p50 {f(level['tpot_ms']['p50'])} ms, "
             f"decode {f(decode and decode['per_user_tok_s'])} tok/s/user")
     if level["usage_missing"]:
         line += f"\n  {level['usage_missing']} responses had no usage: tokens counted from chunks"

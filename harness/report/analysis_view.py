@@ -19,13 +19,26 @@ _IDLE_ALARM = 0.3  # a GPU this idle between kernels is waiting on the CPU: a la
 
 
 def render_analysis(analysis: dict, *, top: int = 15) -> RenderableType:
-    """Headline figures, top kernels, category shares, CPU ops by self time and the per-rank spread."""
-    parts: list[RenderableType] = [_headline(analysis), _kernels(analysis, top), _categories(analysis)]
+    """Headline figures, the stages the trace marks, top kernels and category shares (of the decode
+    steps when the trace marks them: what a step of generation costs), CPU ops by self time and the
+    per-rank spread."""
+    scope, label = decode_scope(analysis)
+    parts: list[RenderableType] = [_headline(analysis)]
+    if analysis.get("stages"):
+        parts.append(_stages(analysis))
+    parts += [_kernels(scope, top, label), _categories(scope, label)]
     if analysis.get("cpu_top"):
         parts.append(_cpu(analysis, top))
     if len(analysis.get("ranks", ())) > 1:
         parts.append(_ranks(analysis))
     return Group(*parts)
+
+
+def decode_scope(analysis: dict) -> tuple[dict, str]:
+    """The decode stage's figures (top, categories) and "decode" when the trace marks decode steps that
+    ran kernels, else the whole trace's and ""."""
+    decode = (analysis.get("stages") or {}).get("decode")
+    return (decode, "decode") if decode and decode.get("top") else (analysis, "")
 
 
 def short_name(name: str) -> str:
@@ -65,27 +78,47 @@ def _headline(a: dict) -> Text:
     text.append(f"{len(files)} trace file{'s' if len(files) != 1 else ''}", style="bold")
     text.append(f"   GPU kernel time {a['total_gpu_ms']:.3f} ms per rank")
     if a.get("steps"):
-        source = f", from {a['steps_source']}" if a.get("steps_source") else ""
-        text.append(f"   {a['steps']} steps{source}   ")
-        text.append(f"{a['per_step_ms']:.3f} ms/step", style="bold")
+        decode = (a.get("stages") or {}).get("decode") if a.get("steps_source") == "trace" else None
+        what = "decode steps in the trace" if decode else "steps requested"
+        text.append(f"   {_count(a['steps'])} {what}")
+        if a.get("per_step_ms") is not None:
+            text.append("   ")
+            text.append(f"{a['per_step_ms']:.3f} GPU ms/step", style="bold")
+        if decode:
+            text.append(f" ({decode['step_ms']:.3f} ms wall)")
     idle = a.get("gpu_idle_share", 0.0)
     text.append(f"   GPU idle {idle * 100:.1f}% ({a.get('gpu_idle_ms', 0.0):.3f} ms)",
                 style="bold red" if idle >= _IDLE_ALARM else "")
     return text
 
 
-def _kernels(a: dict, top: int) -> RenderableType:
+def _stages(a: dict) -> RenderableType:
+    """Per stage: its steps, the GPU time and wall time a step, and its top kernel."""
+    table = _table("Steps by stage (per rank)", "top kernel", "stage", "steps", "GPU ms/step", "wall ms/step",
+                   "GPU ms")
+    for stage, s in a["stages"].items():
+        top1 = short_name(s["top"][0]["name"]) if s.get("top") else ""
+        per_step = "-" if s.get("per_step_ms") is None else f"{s['per_step_ms']:.3f}"
+        table.add_row(_name(top1), stage, _count(s["steps"]), per_step, f"{s['step_ms']:.3f}",
+                      f"{s['total_gpu_ms']:.3f}")
+    if a.get("outside_steps_ms") is None:
+        return table
+    return Group(table, Text(f"outside every step: {a['outside_steps_ms']:.3f} GPU ms"))
+
+
+def _kernels(a: dict, top: int, label: str = "") -> RenderableType:
     if not a.get("top"):
         return Text("no GPU kernels in the trace", style="yellow")
-    table = _table("GPU kernels by total time (per rank)", "kernel", "category", "ms", "share", "count")
+    where = f" in {label} steps" if label else ""
+    table = _table(f"GPU kernels{where} by total time (per rank)", "kernel", "category", "ms", "share", "count")
     for k in a["top"][:top]:
         table.add_row(_name(short_name(k["name"])), k["category"], f"{k['total_ms']:.3f}",
                       f"{k['share'] * 100:.1f}%", _count(k["count"]))
     return table
 
 
-def _categories(a: dict) -> RenderableType:
-    table = _table("GPU time by category", "category", "share", "")
+def _categories(a: dict, label: str = "") -> RenderableType:
+    table = _table(f"GPU time{f' in {label} steps' if label else ''} by category", "category", "share", "")
     for category, share in sorted(a.get("categories", {}).items(), key=lambda kv: -kv[1]):
         if share > 0:
             table.add_row(category, f"{share * 100:.1f}%", "█" * max(1, round(share * _BAR_WIDTH)))
@@ -108,7 +141,8 @@ def _ranks(a: dict) -> RenderableType:
         top1 = short_name(r["top3"][0]["name"]) if r.get("top3") else ""
         table.add_row(_name(top1), str(r["rank"]), f"{r['total_gpu_ms']:.3f}", f"{r['idle_ms']:.3f}",
                       style="bold red" if r["rank"] == straggler else None)
-    note = Text(f"spread {spread.get('spread_pct', 0.0):.1f}% "
+    of = "CPU op time (no GPU kernels)" if spread.get("basis") == "cpu_ops" else "GPU kernel time"
+    note = Text(f"spread of {of} {spread.get('spread_pct', 0.0):.1f}% "
                 f"({spread.get('min_ms', 0.0):.3f} to {spread.get('max_ms', 0.0):.3f} ms)")
     if straggler is not None:
         note.append(f"   straggler: rank {straggler}", style="bold red")

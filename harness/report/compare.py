@@ -4,7 +4,8 @@ Rows: one per configuration and concurrency level (repeats of a configuration ar
 median). Each row carries every statistic of TTFT, ITL, TPOT and E2E (`itl_ms_p50`, `ttft_ms_p99`, ...),
 output tok/s, the roofline (`theoretical_ms`, `efficiency`: see `harness.analysis.roofline`), the moves of
 ITL p50 and tok/s against the baseline configuration (`itl_vs_baseline`, `tok_s_vs_baseline`, as
-fractions), the playbook's reference misses and, when the runs were profiled, where the GPU time went.
+fractions), the playbook's reference misses and, when the runs were profiled, where the GPU time went
+(in the decode steps when the traces mark them: `analysis.stage` says "decode", else the whole trace).
 Every format (table, json, csv, markdown) carries the same fields.
 """
 
@@ -23,7 +24,7 @@ from rich.text import Text
 
 from harness.analysis.roofline import format_efficiency, roofline_for
 from harness.errors import InputError
-from harness.report.analysis_view import short_name
+from harness.report.analysis_view import decode_scope, short_name
 from harness.report.references import check_references, references_of
 from harness.results import find_sweeps, load_runs, read_json
 
@@ -31,10 +32,10 @@ METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
            ("itl_ms", "p99", "ITL\np99 ms"), ("tpot_ms", "p50", "TPOT\np50 ms")]
 """The statistics csv and markdown show (the terminal table all but TPOT, to fit 80 columns); rows carry
 all of DISTRIBUTIONS x STATS."""
-DISTRIBUTIONS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+DISTRIBUTIONS = ("ttft_ms", "itl_ms", "itl_token_ms", "tpot_ms", "e2e_ms")
 STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 FIELDS = (["config", "concurrency", "runs", "ok"] + [f"{m}_{q}" for m, q, _ in METRICS]
-          + ["output_tok_s", "theoretical_ms", "efficiency", "baseline", "itl_vs_baseline", "tok_s_vs_baseline",
+          + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "theoretical_ms", "efficiency", "baseline", "itl_vs_baseline", "tok_s_vs_baseline",
              "misses", "error"])
 """The columns of csv and markdown, in order (json has every field of a row)."""
 
@@ -77,7 +78,7 @@ def _row(config: str, concurrency: int | None, runs: list[tuple[dict, dict | Non
     for metric in DISTRIBUTIONS:
         for q in STATS:
             row[f"{metric}_{q}"] = _median([(lv.get(metric) or {}).get(q) for _, lv in ok])
-    for metric in ("output_tok_s", "requests_per_s"):
+    for metric in ("output_tok_s", "requests_per_s", "tokens_per_chunk"):
         row[metric] = _median([lv.get(metric) for _, lv in ok])
     roof = roofline_for(*(ok or runs)[0])
     row["theoretical_ms"] = roof and roof["theoretical_ms"]
@@ -118,8 +119,9 @@ def _analysis(runs: list[tuple[dict, dict | None]]) -> dict | None:
                 continue
             if not a.get("top"):
                 continue  # a trace with no GPU kernels (a CPU run): nothing to rank
-            return {"categories": a.get("categories") or {}, "top": (a.get("top") or [])[:3],
-                    "shares": {k["name"]: k["share"] for k in a.get("top") or []},
+            scope, stage = decode_scope(a)
+            return {"stage": stage or None, "categories": scope.get("categories") or {}, "top": scope["top"][:3],
+                    "shares": {k["name"]: k["share"] for k in scope["top"]},
                     "per_step_ms": a.get("per_step_ms")}
     return None
 
@@ -142,6 +144,9 @@ def table(rows: list[dict], *, title: str = "configurations"):
     t.add_column("conc", justify="right", no_wrap=True)
     for _, _, label in METRICS[:3]:
         t.add_column(label.removesuffix(" ms"), justify="right", no_wrap=True)
+    per_token = any((r.get("tokens_per_chunk") or 1) > 1.05 for r in rows)
+    if per_token:  # chunks carried several tokens: per chunk and per token differ (docs/engines.md)
+        t.add_column("ITL/tok\np50", justify="right", no_wrap=True)
     t.add_column("tok/s", justify="right", no_wrap=True)
     if roofline:
         t.add_column("roof-\nline", justify="right", no_wrap=True)
@@ -152,6 +157,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
     for row in rows:
         cells = [row["config"], str(row["concurrency"] or "-")]
         cells += [_fmt(row.get(f"{m}_{q}")) for m, q, _ in METRICS[:3]]
+        if per_token:
+            cells.append(_fmt(row.get("itl_token_ms_p50")))
         cells.append(_fmt(row.get("output_tok_s")))
         if roofline:
             cells += [_fmt(row.get("theoretical_ms")), format_efficiency(row.get("efficiency"))]
@@ -168,7 +175,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
 
 
 def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
-    """Per configuration: GPU time by category (moves against the baseline in points), top kernels."""
+    """Per configuration: GPU time by category (moves against the baseline in points), top kernels; of
+    the decode steps where the traces mark them (column "steps": decode), else of the whole trace."""
     per_config = {r["config"]: r["analysis"] for r in rows if r.get("analysis")}
     if not per_config:
         return None
@@ -178,17 +186,18 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
     t = Table(title=f"GPU time by category (points vs {baseline})" if ref else "GPU time by category",
               header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
     t.add_column("config", no_wrap=True)
+    t.add_column("steps", no_wrap=True)
     t.add_column("GPU ms\n/step", justify="right", no_wrap=True)
     for c in cats:
         t.add_column(c, justify="right", no_wrap=True)
-    k = Table(title=f"top kernels (share of kernel time{', points vs ' + baseline if ref else ''})",
+    k = Table(title=f"top kernels (share of those steps' kernel time{', points vs ' + baseline if ref else ''})",
               header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
     k.add_column("config", no_wrap=True, min_width=max(map(len, per_config)))
     k.add_column("share", justify="right", no_wrap=True, min_width=9)
     k.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=60)
     ref_share = (ref or {}).get("shares") or {}
     for name, a in per_config.items():
-        cells = [name, _fmt(a.get("per_step_ms"))]
+        cells = [name, a.get("stage") or "all", _fmt(a.get("per_step_ms"))]
         for c in cats:
             share = a["categories"].get(c, 0)
             moved = "" if not ref or name == baseline else f" {(share - ref['categories'].get(c, 0)) * 100:+.0f}"

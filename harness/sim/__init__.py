@@ -18,9 +18,13 @@ The flags are those of `python -m sglang.launch_server` (0.5.23) and `vllm serve
 or removed flag fails as it does there (argparse, exit 2). Then: connection refused while loading;
 SGLang /health 503 while starting, 200 once "The server is fired up and ready to roll!"; /v1/models,
 /v1/completions and /v1/chat/completions (streaming or not, with usage, max_tokens, ignore_eos and
---stream-interval); SGLang /server_info, /model_info, /start_profile, /stop_profile and (with
---enable-metrics) /metrics; vLLM /ping, /version, /metrics and, with a torch profiler configured,
-/start_profile and /stop_profile. SIGTERM and SIGINT exit at once, after flushing the emit log.
+--stream-interval; tokens without text with HARNESS_SIM_EMPTY_TEXT_EVERY); SGLang /server_info,
+/model_info, /start_profile, /stop_profile and (with --enable-metrics) /metrics; vLLM /ping, /version,
+/metrics and, with a profiler configured, /start_profile and /stop_profile (one session at a time, 409
+for a second, as 0.32 has it). Traces hold each engine's step spans (vLLM 0.26/0.32
+`execute_context_...`, SGLang 0.5.23 `step[DECODE bs=8]`) and carry its file names (vLLM's `rank{g}`
+for dense models, its front end's `async_llm` file). SIGTERM and SIGINT exit at once, after flushing
+the emit log.
 
 Modules: `flags` (the command lines), `knobs` (the environment: time scale, startup, trace size, emit
 log, faults; the list is in its docstring), `model` (the latency model: GLM-5 TP8 with an FP8 KV cache

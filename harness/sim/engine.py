@@ -3,8 +3,19 @@
 The scheduler advances every running request one token per tick, like a real engine's decode loop:
 a tick lasts `LatencyModel.itl_ms(batch)` (or `prefill_ms` when new requests are admitted, which
 stalls the running ones, as a prefill batch does), and each tick is one "forward step" for the
-profiler. Chunks are pre-encoded per request (a fixed JSON prefix and suffix around the text) and
-written straight to the sockets from the tick, so 256 streams cost one loop pass, not 256 wake-ups.
+profiler (a `trace.Step`). vLLM also runs a step with nothing scheduled when its last running
+requests finished (it frees them in a step of its own; 48 of 318 steps on vLLM 0.26, H200): an idle
+step of `IDLE_STEP_MS`. Chunks are pre-encoded per request (a fixed JSON prefix and suffix around the
+text) and written straight to the sockets from the tick, so 256 streams cost one loop pass, not 256
+wake-ups.
+
+The stream, as vLLM 0.26 / 0.32 completions show it: one event per token; several in one event with
+--stream-interval N, or under load (vLLM merges the outputs a request's consumer has not taken yet:
+here, while the client has not read what was sent before, i.e. the socket's write buffer is not
+empty); `"text": ""` for a token that decodes to no text (HARNESS_SIM_EMPTY_TEXT_EVERY: on the H200
+and on the CPU build with a random-weight byte-level-BPE model, every other token of a greedy
+64-token answer was empty); with `stream_options.include_usage` a last `choices: []` event with the
+usage; then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -16,10 +27,11 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from harness.sim import http
-from harness.sim.model import LatencyModel
+from harness.sim.model import IDLE_STEP_MS, LatencyModel
+from harness.sim.trace import Step
 
 VOCAB = tuple(w.encode() for w in (
     " The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ",", " and", " then",
@@ -29,7 +41,7 @@ _WORDS = re.compile(r"\w+|[^\w\s]")
 _PLACEHOLDER = "\x00"
 DONE = b"data: [DONE]\n\n"
 
-StepHook = Callable[[int, bool], Awaitable[None]]
+StepHook = Callable[[Step], Awaitable[None]]
 
 
 def count_tokens(text: str) -> int:
@@ -184,9 +196,12 @@ class Scheduler:
 
     def __init__(self, model: LatencyModel, *, engine: str, time_scale: float, stream_interval: int,
                  max_running: Optional[int], emit: Optional[EmitLog], log: Callable[[str], None],
-                 log_interval: int = 40):
+                 log_interval: int = 40, empty_text_every: Optional[int] = None):
         self.model, self.engine, self.scale = model, engine, time_scale
         self.interval = max(1, stream_interval)
+        self.empty_every = empty_text_every or 0
+        self.freed = False
+        """Requests finished since the last step: vLLM frees them in the next one, idle or not."""
         self.max_running = max_running
         self.emit, self.log, self.log_interval = emit, log, max(1, log_interval)
         self.hooks: List[StepHook] = []
@@ -212,41 +227,51 @@ class Scheduler:
         deadline = loop.time()
         window_start, window_tokens = loop.time(), 0
         while True:
-            if not (self.waiting or self.running) and not self.frozen.is_set():
+            if not (self.waiting or self.running or self.freed) and not self.frozen.is_set():
                 self.wake.clear()
                 await self.wake.wait()
                 deadline = loop.time()
             if self.frozen.is_set():
                 await asyncio.Event().wait()
-            room = len(self.waiting) if self.max_running is None else self.max_running - len(self.running)
-            admitted, self.waiting = self.waiting[:max(0, room)], self.waiting[max(0, room):]
-            if admitted:
-                new_tokens = sum(g.prompt_tokens for g in admitted)
-                step_ms, batch = self.model.prefill_ms(new_tokens), admitted
-            else:
-                step_ms, batch = self.model.itl_ms(len(self.running)), self.running
+            admitted, step = self._next_step()
+            step_ms = self._step_ms(step)
             # Absolute deadlines keep the average tick exact; after a stall, start afresh.
             deadline = max(deadline + step_ms * self.scale / 1000, loop.time() - step_ms * self.scale / 1000)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             if self.frozen.is_set():
                 continue
+            batch = admitted or (self.running if step.decode else [])
             if admitted:
-                self.prompt_tokens_total += new_tokens
+                self.prompt_tokens_total += step.prefill_tokens
                 self.running.extend(admitted)
                 if self.engine == "sglang":
-                    self.log(f"Prefill batch. #new-seq: {len(admitted)}, #new-token: {new_tokens}, #cached-token: 0, "
-                             f"token usage: 0.00, #running-req: {len(self.running) - len(admitted)}, "
+                    self.log(f"Prefill batch. #new-seq: {len(admitted)}, #new-token: {step.prefill_tokens}, "
+                             f"#cached-token: 0, token usage: 0.00, #running-req: {len(self.running) - len(admitted)}, "
                              f"#queue-req: {len(self.waiting)},")
-            else:
+            elif step.decode:
                 self.decode_steps += 1
+            self.freed = False
             self._advance(batch)
             window_tokens += len(batch)
-            if not admitted and self.decode_steps % self.log_interval == 0:
+            if step.decode and self.decode_steps % self.log_interval == 0:
                 now = loop.time()
                 self._log_decode(window_tokens / max(now - window_start, 1e-9) * self.scale)
                 window_start, window_tokens = now, 0
             for hook in self.hooks:
-                await hook(len(batch), bool(admitted))
+                await hook(step)
+
+    def _next_step(self) -> Tuple[List[Generation], Step]:
+        """Admit what fits (a prefill step), else decode the running requests, else an idle step."""
+        room = len(self.waiting) if self.max_running is None else self.max_running - len(self.running)
+        admitted, self.waiting = self.waiting[:max(0, room)], self.waiting[max(0, room):]
+        if admitted:
+            return admitted, Step(prefill=len(admitted), prefill_tokens=sum(g.prompt_tokens for g in admitted))
+        return [], Step(decode=len(self.running))
+
+    def _step_ms(self, step: Step) -> float:
+        if step.prefill:
+            return self.model.prefill_ms(step.prefill_tokens)
+        return self.model.itl_ms(step.decode) if step.decode else IDLE_STEP_MS
 
     def _log_decode(self, throughput: float) -> None:
         running = len(self.running)
@@ -270,15 +295,16 @@ class Scheduler:
                 if not g.done.done():
                     g.done.set_result(None)
                 continue
-            word = VOCAB[(g.tokens + len(g.id)) % len(VOCAB)]
             g.tokens += 1
+            word = self._word(g)
             self.generation_tokens_total += 1
             last = g.tokens >= g.max_tokens
             if not g.stream:
                 g.text.append(word)
             else:
                 g.pending.append(word)
-                if g.tokens == 1 or len(g.pending) >= self.interval or last:
+                due = g.tokens == 1 or len(g.pending) >= self.interval
+                if last or (due and not self._lagging(g)):
                     self._send(g, last)
             if last:
                 finished = True
@@ -287,6 +313,17 @@ class Scheduler:
                 g.done.set_result(None)
         if finished:
             self.running = [g for g in self.running if not g.done.done()]
+            self.freed = self.engine == "vllm"
+
+    def _word(self, g: Generation) -> bytes:
+        """The text of a request's latest token: every N-th is empty with HARNESS_SIM_EMPTY_TEXT_EVERY=N."""
+        if self.empty_every and g.tokens % self.empty_every == 0:
+            return b""
+        return VOCAB[(g.tokens - 1 + len(g.id)) % len(VOCAB)]
+
+    def _lagging(self, g: Generation) -> bool:
+        """vLLM merges a request's outputs while its consumer lags: the client has not read the last event."""
+        return self.engine == "vllm" and g.writer.transport.get_write_buffer_size() > 0
 
     def _send(self, g: Generation, last: bool) -> None:
         data = b""

@@ -6,6 +6,12 @@
                             SGLang then answers 503 ("Starting") for half as long again before 200
     HARNESS_SIM_TRACE_MB    size on disk of each rank's trace file; default: as many bytes as the
                             profiled steps need (~30 KB a step with CUDA graphs, ~110 KB without)
+    HARNESS_SIM_EMPTY_TEXT_EVERY
+                            N: every N-th token of a request decodes to no text, so its stream event
+                            carries `"text": ""` (vLLM 0.26 / 0.32 completions: with a random-weight
+                            byte-level-BPE model every other token of a greedy answer was empty, 64
+                            tokens in 32 text events); chat deltas get `"content": ""`, and SGLang
+                            streams the same way; default off
     HARNESS_SIM_EMIT_LOG    a JSONL file of {"request", "token", "t_ns"}: time.monotonic_ns() when each
                             token's bytes were handed to the socket; buffered, flushed every second and
                             at exit
@@ -40,6 +46,7 @@ class Knobs:
     startup_s: float = 2.0
     trace_mb: Optional[float] = None
     emit_log: Optional[str] = None
+    empty_text_every: Optional[int] = None
     faults: Faults = Faults()
 
     @property
@@ -82,6 +89,20 @@ def _number(env: Mapping[str, str], name: str) -> Optional[float]:
     return value
 
 
+def _every(env: Mapping[str, str], name: str) -> Optional[int]:
+    """A positive whole number, or None when unset (0 also means off)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise KnobError(f"{name}: expected a whole number, got {raw!r}") from None
+    if value < 0:
+        raise KnobError(f"{name}: must not be negative, got {raw!r}")
+    return value or None
+
+
 def from_env(env: Optional[Mapping[str, str]] = None) -> Knobs:
     env = os.environ if env is None else env
     scale = _number(env, "HARNESS_SIM_TIME_SCALE")
@@ -90,4 +111,5 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> Knobs:
     return Knobs(time_scale=scale, startup_s=2.0 * scale if startup is None else startup,
                  trace_mb=_number(env, "HARNESS_SIM_TRACE_MB") or None,
                  emit_log=env.get("HARNESS_SIM_EMIT_LOG") or None,
+                 empty_text_every=_every(env, "HARNESS_SIM_EMPTY_TEXT_EVERY"),
                  faults=parse_faults(env.get("HARNESS_SIM_FAULT", "")))

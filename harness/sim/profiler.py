@@ -1,17 +1,30 @@
 """The engines' profiler endpoints, with their real semantics (ENGINES.md, "Profiling").
 
-SGLang: `/start_profile` opens a session (500 if one is open); with `num_steps` it closes itself after
-that many forward steps and writes the traces then, so with no traffic it never closes and nothing is
-written. `/stop_profile` closes the open session, writing into the directory that session was started
-with, or answers 500 when none is open (including after a num_steps session already closed itself).
-`start_step` is an absolute forward count, as upstream treats it. Files: one per local rank,
-`[{prefix}-]{profile_id}-TP-{r}[-DP-{d}][-PP-{p}][-EP-{e}][-EXTEND|-DECODE].trace.json.gz`. Not
+SGLang 0.5.23: `/start_profile` opens a session (500 if one is open); with `num_steps` it closes itself
+after that many forward steps and writes the traces then, so with no traffic it never closes and
+nothing is written. `/stop_profile` closes the open session, writing into the directory that session
+was started with, or answers 500 when none is open (including after a num_steps session already
+closed itself). `start_step` is an absolute forward count, as upstream treats it. Files: one per local
+rank, `[{prefix}-]{profile_id}-TP-{r}[-DP-{d}][-PP-{p}][-EP-{e}][-EXTEND|-DECODE].trace.json.gz`. Not
 simulated: `merge_profiles` (no merged file) and the MEM activity's memory snapshots.
 
-vLLM: only with `--profiler-config.profiler=torch` and a `torch_profiler_dir` (otherwise the server
-answers 404); start and stop are idempotent; `delay_iterations` and `max_iterations` are honoured.
-Files per worker: `dp{d}_pp{p}_tp{t}_dcp0_ep{e}_rank{g}.{ms}.pt.trace.json.gz` and
-`{worker}.profiler_out.txt`.
+vLLM, as 0.32.0 behaves (0.26.0 where it agrees): the endpoints exist only with a profiler configured
+at launch (`--profiler-config.profiler=torch` and a `torch_profiler_dir`; `cuda` for nsys, which
+writes nothing itself), otherwise 404. A session's step bounds come from the launch flags
+(`max_iterations`, `delay_iterations`, 0.26 and 0.32) or from the JSON body of /start_profile
+(`{"max_iterations": N, "delay_iterations": K, "profile_prefix": "x"}`, 0.32; 0.26 ignores any body).
+With `max_iterations` each worker stops itself after N engine steps and writes its files then, but
+the session stays active: a second /start_profile answers 409 (`CONFLICT`) until /stop_profile, which
+stops the workers still recording, writes the front end's files, and answers 200 (200 too with no
+session). Files, per worker (0.26 and 0.32):
+- `rank{g}.{ns}.pt.trace.json.gz` when the model has no expert-parallel group (dense models:
+  `vllm/distributed/utils.py` get_worker_rank_suffix falls back to the global rank),
+  `dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_rank{g}.{ns}.pt.trace.json.gz` with one (--enable-expert-parallel),
+  and `{profile_prefix}_` before either;
+- `{worker}.profiler_out.txt`, the key_averages table (0.32's name; 0.26 writes `profiler_out_{g}.txt`);
+- from the API front end, unless `--profiler-config.ignore_frontend true`, at /stop_profile:
+  `{host}_{pid}.async_llm.{ns}.pt.trace.json.gz` (CPU ops only, no rank) and
+  `{host}_{pid}.async_llm.profiler_out.txt`.
 
 Writing happens under the profiler's lock on a worker thread: the scheduler waits for it (real engines
 export from the scheduler/worker process, so decoding stalls while traces flush) but HTTP stays live.
@@ -21,17 +34,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from harness.sim.model import LatencyModel
-from harness.sim.trace import write_key_averages, write_trace
+from harness.sim.trace import (Step, write_frontend_key_averages, write_frontend_trace, write_key_averages,
+                               write_trace)
 
-Reply = Tuple[int, str]
+Reply = Tuple[int, Union[str, Dict[str, Any]]]
+"""A status and a body: text, or a JSON object."""
 ALREADY = "Profiling is already in progress. Call /stop_profile first."
 NOT_IN_PROGRESS = "Profiling is not in progress. Call /start_profile first."
+VLLM_ACTIVE = ("A profiling session is already active. Call /stop_profile before starting another "
+               "session.")
 
 
 def sglang_rank_names(*, tp: int, dp: int, pp: int, ep: int, nnodes: int = 1, node_rank: int = 0
@@ -55,14 +73,17 @@ def sglang_rank_names(*, tp: int, dp: int, pp: int, ep: int, nnodes: int = 1, no
 
 def vllm_worker_names(*, tp: int, dp: int, pp: int, expert_parallel: bool, nnodes: int = 1,
                       node_rank: int = 0) -> List[Tuple[int, str]]:
-    """(global rank, worker name) of every worker on this node, in vLLM's naming."""
+    """(global rank, rank suffix) of every worker on this node, as vLLM's get_worker_rank_suffix
+    names them (0.26 / 0.32): the bare global rank unless the model has an expert-parallel group."""
     world = tp * pp * dp
     per_node = max(1, world // max(1, nnodes))
     names = []
     for g in range(node_rank * per_node, min(world, (node_rank + 1) * per_node)):
         t, p, d = g % tp, (g // tp) % pp, g // (tp * pp)
-        e = d * tp + t if expert_parallel else 0
-        names.append((g, f"dp{d}_pp{p}_tp{t}_dcp0_ep{e}_rank{g}"))
+        if expert_parallel:
+            names.append((g, f"dp{d}_pp{p}_tp{t}_dcp0_ep{d * tp + t}_rank{g}"))
+        else:
+            names.append((g, f"rank{g}"))
     return names
 
 
@@ -75,23 +96,21 @@ class _Session:
     by_stage: bool
     write_traces: bool
     profile_id: str = field(default_factory=lambda: str(time.time()))
-    prefill_steps: int = 0
-    decode_steps: int = 0
-    tokens: int = 0
+    started_ns: int = field(default_factory=time.time_ns)
+    recorded: List[Step] = field(default_factory=list)
+    admitted: int = 0
+    """Requests admitted while the session was active (what vLLM's front end saw come and go)."""
 
     @property
     def steps(self) -> int:
-        return self.prefill_steps + self.decode_steps
+        return len(self.recorded)
 
-    def record(self, batch: int, prefill: bool) -> None:
-        if prefill:
-            self.prefill_steps += 1
-        else:
-            self.decode_steps += 1
-        self.tokens += batch
+    def record(self, step: Step) -> None:
+        self.recorded.append(step)
 
-    def batch(self) -> int:
-        return max(1, round(self.tokens / max(1, self.steps)))
+    def stage(self, prefill: bool) -> List[Step]:
+        """The steps SGLang's profile_by_stage puts in its -EXTEND (prefill) or -DECODE file."""
+        return [s for s in self.recorded if bool(s.prefill) == prefill]
 
 
 async def _export(write: Callable[[_Session], None], s: _Session, log: Callable[[str], None]) -> bool:
@@ -144,12 +163,12 @@ class SglangProfiler:
             await self._finish()
             return 200, "Stop profiling. This will take some time.\n"
 
-    async def on_step(self, batch: int, prefill: bool) -> None:
+    async def on_step(self, step: Step) -> None:
         self.forward_ct += 1
         s = self.session
         if s is None or self.forward_ct < s.start_at:
             return
-        s.record(batch, prefill)
+        s.record(step)
         if s.num_steps is not None and s.steps >= s.num_steps:
             async with self.lock:
                 if self.session is s:
@@ -172,77 +191,122 @@ class SglangProfiler:
     def _write(self, s: _Session) -> None:
         if not s.write_traces:
             return  # CUDA_PROFILER only: nsys records, torch writes nothing
-        stages = [("-EXTEND", s.prefill_steps), ("-DECODE", s.decode_steps)] if s.by_stage else [("", s.steps)]
+        stages = ([("-EXTEND", s.stage(prefill=True)), ("-DECODE", s.stage(prefill=False))] if s.by_stage
+                  else [("", s.recorded)])
         for rank, name in self.ranks:
             for stage, steps in stages:
                 filename = f"{s.profile_id}-{name}{stage}.trace.json.gz"
                 if s.prefix:
                     filename = f"{s.prefix}-{filename}"
                 write_trace(s.output_dir / filename, model=self.model, steps=steps, rank=rank,
-                            world_size=self.world_size, batch=s.batch(), pad_to_mb=self.trace_mb)
+                            world_size=self.world_size, pad_to_mb=self.trace_mb)
 
 
 class VllmProfiler:
+    """vLLM 0.32's profiler session: one at a time, bounded by launch flags or the start body."""
+
     def __init__(self, *, config: Dict[str, Any], model: LatencyModel, workers: List[Tuple[int, str]],
                  world_size: int, trace_mb: Optional[float], fail: bool, log: Callable[[str], None]):
         self.config, self.model, self.workers, self.world_size = config, model, workers, world_size
         self.trace_mb, self.fail, self.log = trace_mb, fail, log
-        self.enabled = config.get("profiler") == "torch" and bool(config.get("torch_profiler_dir"))
+        kind = config.get("profiler")
+        self.torch = kind == "torch" and bool(config.get("torch_profiler_dir"))
+        self.enabled = self.torch or kind == "cuda"
+        self.frontend = config.get("ignore_frontend") not in (True, "true", "True", 1)
+        self.active: Optional[_Session] = None
+        """The session the API server holds open, until /stop_profile."""
         self.session: Optional[_Session] = None
+        """The same session while the workers still record it (None once they stopped themselves)."""
         self.delay = 0
         self.lock = asyncio.Lock()
 
-    async def start(self) -> Reply:
+    async def start(self, body: Dict[str, Any]) -> Reply:
         async with self.lock:
             if self.fail:
                 return 500, "Internal Server Error"
-            if self.session is None:
-                out = Path(self.config["torch_profiler_dir"])
+            if self.active is not None:
+                return 409, {"error": {"message": VLLM_ACTIVE, "type": "Conflict", "param": None, "code": 409}}
+            try:
+                bounds = self._bounds(body)
+            except ValueError as e:
+                return 400, {"error": {"message": str(e), "type": "BadRequestError", "param": None, "code": 400}}
+            out = Path(self.config.get("torch_profiler_dir") or ".")
+            if self.torch:
                 try:
                     out.mkdir(parents=True, exist_ok=True)
                 except OSError as e:
                     self.log(f"Failed to start profiler: {e}")
                     return 500, "Internal Server Error"
-                self.delay = int(self.config.get("delay_iterations") or 0)
-                self.session = _Session(output_dir=out, num_steps=int(self.config.get("max_iterations") or 0)
-                                        or None, start_at=0, prefix="", by_stage=False, write_traces=True)
-                self.log(f"Starting profiler, traces will be saved to {out}")
+            max_iterations, self.delay = bounds
+            prefix = body.get("profile_prefix") or ""
+            self.active = self.session = _Session(output_dir=out, num_steps=max_iterations, start_at=0,
+                                                  prefix=str(prefix), by_stage=False, write_traces=self.torch)
+            self.log(f"Starting profiler, traces will be saved to {out}")
             return 200, ""
+
+    def _bounds(self, body: Dict[str, Any]) -> Tuple[Optional[int], int]:
+        """max_iterations (None: until /stop_profile) and delay_iterations: the body's, else the flags'."""
+        values = []
+        for key in ("max_iterations", "delay_iterations"):
+            value = body.get(key, self.config.get(key))
+            if value is None:
+                value = 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+            values.append(value)
+        return values[0] or None, values[1]
 
     async def stop(self) -> Reply:
         async with self.lock:
             if self.fail:
                 return 500, "Internal Server Error"
+            s = self.active
+            if s is None:
+                return 200, ""
             if self.session is not None:
                 await self._finish()
+            self.active = None
+            if self.frontend and s.write_traces:
+                await _export(self._write_frontend, s, self.log)
             return 200, ""
 
-    async def on_step(self, batch: int, prefill: bool) -> None:
+    async def on_step(self, step: Step) -> None:
+        if self.active is not None:
+            self.active.admitted += step.prefill
         s = self.session
         if s is None:
             return
         if self.delay > 0:
             self.delay -= 1
             return
-        s.record(batch, prefill)
+        s.record(step)
         if s.num_steps is not None and s.steps >= s.num_steps:
             async with self.lock:
                 if self.session is s:
                     await self._finish()
 
     async def _finish(self) -> None:
+        """The workers stop recording and write their files; the session itself stays active."""
         s = self.session
         assert s is not None
         self.session = None
-        if await _export(self._write, s, self.log):
+        if s.write_traces and await _export(self._write, s, self.log):
             self.log(f"Profiler stopped; traces written to {s.output_dir}")
 
-    def _write(self, s: _Session) -> None:
+    def _gz(self) -> str:
         gz = self.config.get("torch_profiler_use_gzip", True) not in (False, "false", "False", 0)
-        suffix = ".pt.trace.json.gz" if gz else ".pt.trace.json"
-        for rank, worker in self.workers:
-            stamp = time.time_ns() // 1_000_000
-            write_trace(s.output_dir / f"{worker}.{stamp}{suffix}", model=self.model, steps=s.steps, rank=rank,
-                        world_size=self.world_size, batch=s.batch(), pad_to_mb=self.trace_mb)
-            write_key_averages(s.output_dir / f"{worker}.profiler_out.txt", model=self.model, steps=s.steps,
-                               batch=s.batch())
+        return ".pt.trace.json.gz" if gz else ".pt.trace.json"
+
+    def _write(self, s: _Session) -> None:
+        for rank, suffix in self.workers:
+            worker = f"{s.prefix}_{suffix}" if s.prefix else suffix
+            write_trace(s.output_dir / f"{worker}.{time.time_ns()}{self._gz()}", model=self.model, steps=s.recorded,
+                        rank=rank, world_size=self.world_size, pad_to_mb=self.trace_mb)
+            write_key_averages(s.output_dir / f"{worker}.profiler_out.txt", model=self.model, steps=s.recorded)
+
+    def _write_frontend(self, s: _Session) -> None:
+        name = f"{socket.gethostname()}_{os.getpid()}.async_llm"
+        now = time.time_ns()
+        write_frontend_trace(s.output_dir / f"{name}.{now}{self._gz()}", pid=os.getpid(), start_ns=s.started_ns,
+                             end_ns=now, requests=s.admitted)
+        write_frontend_key_averages(s.output_dir / f"{name}.profiler_out.txt", requests=s.admitted)

@@ -21,7 +21,7 @@ from harness.sim import flags, http
 from harness.sim.engine import EmitLog, Scheduler, new_generation
 from harness.sim.knobs import Knobs
 from harness.sim.model import LatencyModel
-from harness.sim.profiler import SglangProfiler, VllmProfiler, sglang_rank_names, vllm_worker_names
+from harness.sim.profiler import Reply, SglangProfiler, VllmProfiler, sglang_rank_names, vllm_worker_names
 
 Profiler = Union[SglangProfiler, VllmProfiler]
 NOT_FOUND = {"detail": "Not Found"}
@@ -66,7 +66,8 @@ class SimServer:
             self.model, engine=engine, time_scale=knobs.time_scale, stream_interval=ns.stream_interval,
             max_running=ns.max_running_requests if engine == "sglang" else ns.max_num_seqs, emit=self.emit,
             log=lambda m: self.log(m, "loggers.py:248", rank=True),
-            log_interval=ns.decode_log_interval if engine == "sglang" else 400)
+            log_interval=ns.decode_log_interval if engine == "sglang" else 400,
+            empty_text_every=knobs.empty_text_every)
         fail = knobs.faults.profile_500
         self.profiler: Profiler
         if engine == "sglang":
@@ -217,8 +218,9 @@ class SimServer:
         if req.path in ("/start_profile", "/stop_profile") and (sglang or self.profiler.enabled):
             if req.method not in (("GET", "POST") if sglang else ("POST",)):
                 return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
-            status, text = await self._profile(req)
-            writer.write(http.text_response(status, text, keep))
+            status, answer = await self._profile(req)
+            writer.write(http.json_response(status, answer, keep) if isinstance(answer, dict)
+                         else http.text_response(status, answer, keep))
             return status, keep
         if req.method not in ("GET", "POST"):
             return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
@@ -251,11 +253,9 @@ class SimServer:
         writer.write(http.json_response(status, value, keep))
         return status, keep
 
-    async def _profile(self, req: http.Request) -> Tuple[int, str]:
-        start = req.path == "/start_profile"
-        if isinstance(self.profiler, VllmProfiler):
-            return await (self.profiler.start() if start else self.profiler.stop())
-        if not start:
+    async def _profile(self, req: http.Request) -> Reply:
+        """Both engines read a JSON body on /start_profile (vLLM since 0.32); /stop_profile takes none."""
+        if req.path != "/start_profile":
             return await self.profiler.stop()
         try:
             body = req.json()

@@ -11,6 +11,7 @@ from rich.console import Console
 
 import harness.analysis as analysis
 from harness.analysis import analyze_path, kineto
+from harness.analysis.categories import NAMES
 from harness.errors import InputError
 from harness.report.analysis_view import render_analysis, short_name
 
@@ -23,6 +24,7 @@ NORM = "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfl
 MOE = 'fused_moe_kernel "bf16" µ'  # a quote and a non-ASCII letter: the name must come back unescaped
 MEMCPY = "Memcpy DtoD (Device -> Device)"
 STEP = "execute_context_0(0)_generation_8(8)"
+"""A decode step of 8 requests, as vLLM 0.26 and 0.32 name the range around each engine step."""
 
 
 def x(cat: str, name: str, ts: float, dur: float, pid: object = 0, tid: object = 7, **args) -> dict:
@@ -147,16 +149,20 @@ def test_top_limits_both_rankings(tmp_path):
     assert [op["name"] for op in result["cpu_top"]] == ["aten::copy_", "aten::mm"]
 
 
-def test_without_a_step_count_there_is_no_per_step_figure(one_step):
+def test_without_step_spans_or_a_requested_count_there_is_no_per_step_figure(one_step):
     assert (one_step["steps"], one_step["steps_source"], one_step["per_step_ms"]) == (None, None, None)
+    assert (one_step["stages"], one_step["category_ms"], one_step["outside_steps_ms"]) == (None, None, None)
 
 
 def test_a_single_file_is_one_rank_without_a_straggler(one_step):
-    assert one_step["ranks"] == [{"rank": 0, "file": "trace.json", "total_gpu_ms": 1.0, "idle_ms": 0.1,
+    cpu_ms = round(sum(op["self_ms"] for op in one_step["cpu_top"]), 4)   # every op of the trace is there
+    assert one_step["ranks"] == [{"rank": 0, "file": "trace.json", "total_gpu_ms": 1.0, "cpu_ms": cpu_ms,
+                                  "idle_ms": 0.1,
                                   "top3": [{"name": GEMM, "total_ms": 0.3, "share": 0.3},
                                            {"name": CAST, "total_ms": 0.25, "share": 0.25},
                                            {"name": MOE, "total_ms": 0.15, "share": 0.15}]}]
-    assert one_step["rank_spread"] == {"min_ms": 1.0, "max_ms": 1.0, "spread_pct": 0.0, "straggler": None}
+    assert one_step["rank_spread"] == {"basis": "gpu_kernels", "min_ms": 1.0, "max_ms": 1.0, "spread_pct": 0.0,
+                                       "straggler": None}
 
 
 @pytest.mark.parametrize("name", ["trace.json.gz", "trace.json"])
@@ -194,8 +200,10 @@ def test_top_level_keys_are_read_before_or_after_the_events(tmp_path):
 
 def test_a_trace_without_kernels_gives_an_empty_but_valid_analysis(tmp_path):
     path = write_trace(tmp_path / "cpu_only.json", [x("cpu_op", "aten::mm", 0, 10)] + noise(20))
-    result = analyze_path(path, steps=4)
+    result = analyze_path(path, requested_steps=4)
     assert (result["total_gpu_ms"], result["per_step_ms"], result["top"]) == (0.0, 0.0, [])
+    assert (result["steps"], result["steps_source"], result["stages"]) == (4, "request", None)
+    assert result["category_ms"] == dict.fromkeys(NAMES, 0.0)
     assert (result["gpu_idle_ms"], result["gpu_idle_share"]) == (0.0, 0.0)
     assert set(result["categories"].values()) == {0.0}
     assert result["cpu_top"] == [{"name": "aten::mm", "self_ms": 0.01, "count": 1}]
@@ -206,38 +214,60 @@ def test_a_trace_without_kernels_gives_an_empty_but_valid_analysis(tmp_path):
 # ---------------------------------------------------------------- steps
 
 
-def test_vllm_step_annotations_count_the_steps(tmp_path):
-    steps = [x("user_annotation", STEP, i * 300, 250, pid=4242, tid=1) for i in range(4)]
-    gpu_copies = [x("gpu_user_annotation", STEP, i * 300, 250, tid=t) for i in range(4) for t in (7, 9)]
-    result = analyze_path(write_trace(tmp_path / "t.json", one_step_events() + steps + gpu_copies))
-    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (4, "annotations", 0.25)
+def decode_steps(count: int, *, streams=(7, 9)) -> list[dict]:
+    """`count` steps 300 us apart, each a CPU span of 250 us and its GPU copies on `streams`: together
+    they cover every kernel of one_step_events()."""
+    return ([x("user_annotation", STEP, i * 300, 250, pid=4242, tid=1) for i in range(count)]
+            + [x("gpu_user_annotation", STEP, i * 300, 250, tid=t) for i in range(count) for t in streams])
 
 
-def test_gpu_side_step_annotations_count_when_the_cpu_ones_are_missing(tmp_path):
+def test_the_engines_step_spans_count_the_steps_and_hold_their_kernels(tmp_path):
+    result = analyze_path(write_trace(tmp_path / "t.json", one_step_events() + decode_steps(4)))
+    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (4, "trace", 0.25)
+    assert list(result["stages"]) == ["decode"]
+    decode = result["stages"]["decode"]
+    assert (decode["steps"], decode["step_ms"], decode["total_gpu_ms"]) == (4, 0.25, 1.0)
+    assert decode["top"] == result["top"] and decode["categories"] == result["categories"]
+    assert result["category_ms"] == decode["category_ms"] == {
+        cat: round(share / 4, 4) for cat, share in result["categories"].items()}
+    assert result["outside_steps_ms"] == 0.0
+
+
+def test_gpu_side_step_spans_count_when_the_cpu_ones_are_missing(tmp_path):
+    """A capture of GPU activity alone: the steps are those of the stream with the most spans."""
     gpu_copies = [x("gpu_user_annotation", STEP, i * 300, 250, tid=7) for i in range(5)]
     other_stream = [x("gpu_user_annotation", STEP, 0, 250, tid=9)]
     result = analyze_path(write_trace(tmp_path / "t.json", one_step_events() + gpu_copies + other_stream))
-    assert (result["steps"], result["per_step_ms"]) == (5, 0.2)
+    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (5, "trace", 0.2)
 
 
-def test_a_step_count_given_by_the_caller_wins(tmp_path):
+def test_the_traces_own_steps_win_over_the_count_asked_of_the_profiler(tmp_path):
+    path = write_trace(tmp_path / "t.json", one_step_events() + decode_steps(4))
+    result = analyze_path(path, requested_steps=10)
+    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (4, "trace", 0.25)
+
+
+def test_cpu_step_spans_without_gpu_copies_give_steps_but_no_kernel_time_a_step(tmp_path):
+    """Nothing says which kernels ran in which step, so none is claimed; the wall time is known."""
     steps = [x("user_annotation", STEP, i * 300, 250, pid=4242, tid=1) for i in range(4)]
-    result = analyze_path(write_trace(tmp_path / "t.json", one_step_events() + steps), steps=10)
-    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (10, "argument", 0.1)
+    result = analyze_path(write_trace(tmp_path / "t.json", one_step_events() + steps))
+    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (4, "trace", None)
+    assert result["stages"]["decode"]["step_ms"] == 0.25
+    assert (result["category_ms"], result["outside_steps_ms"]) == (None, None)
 
 
 # ---------------------------------------------------------------- directories and ranks
 
 
 def four_ranks(directory: Path, totals_us=(1000, 1000, 1020, 1200)) -> Path:
-    """SGLang's per-rank naming; rank 3 is 18% above the median."""
+    """SGLang 0.5.23's per-rank naming (`{profile_id}-TP-{t}`); rank 3 is 18% above the median."""
     for rank, total in enumerate(totals_us):
         write_trace(directory / f"1700000000.1-TP-{rank}.trace.json.gz", rank_events(total))
     return directory
 
 
 def test_a_profile_directory_is_read_one_file_per_rank_with_the_straggler_named(tmp_path):
-    result = analyze_path(four_ranks(tmp_path / "profile"), steps=10)
+    result = analyze_path(four_ranks(tmp_path / "profile"), requested_steps=10)
     assert [(f["name"], f["rank"]) for f in result["files"]] == [
         (f"1700000000.1-TP-{r}.trace.json.gz", r) for r in range(4)]
     assert all(f["bytes"] > 0 for f in result["files"])
@@ -245,7 +275,8 @@ def test_a_profile_directory_is_read_one_file_per_rank_with_the_straggler_named(
     assert result["total_gpu_ms"] == 1.055
     assert result["per_step_ms"] == 0.1055
     assert result["top"][0] == {"name": GEMM, "category": "gemm", "total_ms": 0.5275, "share": 0.5, "count": 1}
-    assert result["rank_spread"] == {"min_ms": 1.0, "max_ms": 1.2, "spread_pct": 19.8, "straggler": 3}
+    assert result["rank_spread"] == {"basis": "gpu_kernels", "min_ms": 1.0, "max_ms": 1.2, "spread_pct": 19.8,
+                                     "straggler": 3}
 
 
 def test_ranks_within_five_percent_have_no_straggler(tmp_path):
@@ -263,10 +294,23 @@ def test_merged_and_prefill_files_beside_the_per_rank_decode_files_are_left_out(
     assert result["total_gpu_ms"] == 1.0
 
 
-def test_vllm_file_names_give_the_global_rank(tmp_path):
+def test_vllm_file_names_give_the_global_rank_and_the_front_end_is_no_rank(tmp_path):
+    """vLLM 0.26: `rank{g}.{ns}` per worker, `dp.._ep.._rank{g}` with an expert-parallel group, and the
+    API front end's `{host}_{pid}.async_llm.{ns}` with no rank (CPU only: it would halve every mean)."""
     write_trace(tmp_path / "dp0_pp0_tp1_dcp0_ep1_rank9.1700000000.pt.trace.json.gz", rank_events(100))
-    write_trace(tmp_path / "dp0_pp0_tp2_dcp0_ep2.1700000000.pt.trace.json", rank_events(100))
-    assert [r["rank"] for r in analyze_path(tmp_path)["ranks"]] == [9, 2]
+    write_trace(tmp_path / "rank2.1700000000.pt.trace.json.gz", rank_events(300))
+    write_trace(tmp_path / "vm_15880.async_llm.1700000001.pt.trace.json.gz", [])
+    result = analyze_path(tmp_path)
+    assert [(r["rank"], r["total_gpu_ms"]) for r in result["ranks"]] == [(2, 0.3), (9, 0.1)]
+    assert result["total_gpu_ms"] == 0.2
+
+
+def test_files_no_engine_names_are_each_a_rank_in_name_order(tmp_path):
+    """The harness's own torch wrapper (profile.mode torch) writes `torch-{pid}.pt.trace.json.gz`."""
+    write_trace(tmp_path / "torch-4242.pt.trace.json.gz", rank_events(100))
+    write_trace(tmp_path / "torch-977.pt.trace.json.gz", rank_events(300))
+    assert [(r["rank"], r["file"]) for r in analyze_path(tmp_path)["ranks"]] == [
+        (0, "torch-4242.pt.trace.json.gz"), (1, "torch-977.pt.trace.json.gz")]
 
 
 def test_a_run_directory_reads_its_profile_and_the_step_count_in_its_manifest(tmp_path):
@@ -274,8 +318,8 @@ def test_a_run_directory_reads_its_profile_and_the_step_count_in_its_manifest(tm
     four_ranks(run / "profile")
     (run / "manifest.json").write_text(json.dumps({"schema": "harness.run/1", "profile": {"num_steps": 5}}))
     result = analyze_path(run)
-    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (5, "manifest", 0.211)
-    assert analyze_path(run, steps=10)["per_step_ms"] == 0.1055
+    assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (5, "request", 0.211)
+    assert analyze_path(run, requested_steps=10)["per_step_ms"] == 0.1055
 
 
 def test_large_inputs_are_read_in_parallel_with_the_same_figures(tmp_path, monkeypatch):
@@ -337,7 +381,7 @@ def test_the_view_shows_kernels_categories_steps_idle_and_the_straggler(tmp_path
     directory = four_ranks(tmp_path)
     write_trace(directory / "1700000000.1-TP-4.trace.json.gz", one_step_events())
     console = Console(record=True, width=160)
-    console.print(render_analysis(analyze_path(directory, steps=10), top=5))
+    console.print(render_analysis(analyze_path(directory, requested_steps=10), top=5))
     out = console.export_text()
     for expected in ("nvjet_tst_128x64_64x8_1x1_v_bz_TNT", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
                      "communication", "ms/step", "GPU idle", "straggler: rank 3", "aten::copy_"):

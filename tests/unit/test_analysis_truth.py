@@ -45,7 +45,7 @@ def assert_summary_is_the_truth(path: Path, truth: dict) -> None:
         assert s.cpu_ops[name][0] == pytest.approx(op["self_us"], abs=EXACT_US)
     assert s.idle_us == pytest.approx(truth["idle_us"], abs=EXACT_US)
     assert s.window_us == pytest.approx(truth["window_us"], abs=EXACT_US)
-    assert s.steps == truth["steps"]
+    assert {stage: count for stage, (count, _) in s.steps.items()} == {"decode": truth["steps"]}
     assert s.rank == truth["rank"]
 
 

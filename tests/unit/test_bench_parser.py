@@ -195,3 +195,34 @@ def test_the_decode_window_is_that_of_the_first_wave_only():
     decode = summarize_level(2, [later, *first])[0]["decode"]
     assert decode["window_s"] == pytest.approx(0.03)       # (10 ms, 40 ms] of the first two
     assert decode["aggregate_tok_s"] == pytest.approx(200.0)
+
+
+def test_empty_text_events_are_no_chunks_and_itl_per_token_divides_each_gap_by_its_tokens():
+    """vLLM 0.32.0 (CPU build), a random-weight model with a byte-level BPE tokenizer, greedy: every
+    other token decodes to no text and comes as an event of its own with text "" (64 tokens in 32 text
+    events on an H200 with vLLM 0.26.0 too). A chunk then carries two tokens: ITL per chunk is twice
+    the time per token, and ITL per token is what `vllm bench serve` (which counts every event) shows."""
+    for outcome in parse_all_ways("vllm_completions_empty_text.txt"):
+        assert (len(outcome.times), outcome.tokens, outcome.empty_events) == (4, 8, 4)
+    stamps = [(i * MS, e) for i, e in enumerate(events_of("vllm_completions_empty_text.txt"))]
+    raw = response([e for _, e in stamps])
+    head, body = raw.split(b"\r\n\r\n", 1)
+    reads = [(0, head + b"\r\n\r\n")] + [(t, b"%x\r\n%s\r\n" % (len(e), e)) for t, e in stamps]
+    record = request_record(1, 0, parse_exchange(0, 20 * MS, reads + [(20 * MS, b"0\r\n\r\n")]))
+    assert record["itl_ms"] == [2.0, 2.0, 2.0]
+    assert record["itl_token_ms"] == [1.0, 1.0, 1.0]
+    assert record["empty_events"] == 4
+
+
+def test_usage_on_every_chunk_gives_each_gap_its_own_token_count():
+    """SGLang sends usage with every chunk (continuous usage stats): a chunk's tokens are the growth of
+    completion_tokens since the chunk before, so a chunk of 3 tokens divides its gap by 3."""
+    outcome = Outcome(0, 10 * MS, [1 * MS, 2 * MS, 5 * MS], 5, 4, 200, None, chunk_tokens=[1, 2, 5])
+    assert request_record(1, 0, outcome)["itl_token_ms"] == [1.0, 1.0]
+
+
+def test_a_level_reports_tokens_per_chunk_and_both_itls():
+    a = Outcome(0, 41 * MS, [10 * MS, 20 * MS, 30 * MS, 40 * MS], 8, 16, 200, None)   # two tokens a chunk
+    level, _ = summarize_level(1, [a])
+    assert level["tokens_per_chunk"] == 2.0
+    assert level["itl_ms"]["p50"] == 10.0 and level["itl_token_ms"]["p50"] == 5.0

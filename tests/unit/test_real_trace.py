@@ -50,8 +50,11 @@ def test_the_fp8_to_bf16_cast_is_found_as_the_copy_that_dominates(analysis):
 
 
 def test_a_real_servers_capture_matches_torchs_table_on_its_top_kernels():
-    """`transformers serve` (bf16, --compile) on an H200, profiled by profile.mode torch for 32 steps."""
-    analysis = analyze_path(SERVER / "serve.pt.trace.json.gz", top=10)
+    """`transformers serve` (bf16, --compile) on an H200, profiled by profile.mode torch for 32 steps.
+    transformers marks no steps of its own, so the 32 asked for are the steps."""
+    analysis = analyze_path(SERVER / "serve.pt.trace.json.gz", top=10, requested_steps=32)
+    assert (analysis["steps"], analysis["steps_source"], analysis["stages"]) == (32, "request", None)
+    assert analysis["per_step_ms"] == pytest.approx(analysis["total_gpu_ms"] / 32, abs=1e-4)
     table = {row["name"]: row for row in json.loads((SERVER / "key_averages.json").read_text())["key_averages"]}
     assert analysis["top"] and analysis["top"][0]["category"] == "gemm"
     for kernel in analysis["top"][:5]:

@@ -289,23 +289,110 @@ def test_vllm_profiler_is_404_unless_configured(sim):
     assert s.request("POST", "/stop_profile")[0] == 404
 
 
-def test_vllm_profiler_is_post_only_idempotent_and_writes_per_worker_files(sim, tmp_path):
+def wait_files(directory: Path, count: int) -> List[str]:
+    deadline = time.monotonic() + DEADLINE_S
+    while len(trace_files(directory)) < count:
+        assert time.monotonic() < deadline, f"{trace_files(directory)} after {DEADLINE_S} s"
+        time.sleep(0.02)
+    return trace_files(directory)
+
+
+def step_spans(path: Path) -> Tuple[List[str], List[str]]:
+    """The CPU and GPU step-span names of a trace, in order."""
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    return ([e["name"] for e in events if e.get("cat") == "user_annotation"],
+            [e["name"] for e in events if e.get("cat") == "gpu_user_annotation"])
+
+
+VLLM_PROFILER = ("--profiler-config.profiler", "torch", "--profiler-config.torch_profiler_with_stack", "false")
+CONFLICT = {"error": {"message": "A profiling session is already active. Call /stop_profile before starting "
+                                 "another session.", "type": "Conflict", "param": None, "code": 409}}
+
+
+def test_vllm_capture_the_way_the_host_agent_drives_it(sim, tmp_path):
+    """Launch with max_iterations, start with it in the body, traffic until every rank's file, stop."""
     out = tmp_path / "prof"
-    s = sim("vllm", "-tp", "2", "--profiler-config.profiler=torch", f"--profiler-config.torch_profiler_dir={out}")
+    s = sim("vllm", "-tp", "2", *VLLM_PROFILER, "--profiler-config.torch_profiler_dir", str(out),
+            "--profiler-config.ignore_frontend", "true", "--profiler-config.max_iterations", "3")
     assert s.request("GET", "/start_profile")[0] == 405
-    assert s.request("POST", "/start_profile")[0] == 200
+    assert s.request("POST", "/start_profile", {"max_iterations": 3}) == (200, b"")
+    complete(s, max_tokens=8)
+    names = wait_files(out, 2)
+    assert [re.sub(r"\.\d{16,}\.", ".NS.", n) for n in names] == ["rank0.NS.pt.trace.json.gz",
+                                                                    "rank1.NS.pt.trace.json.gz"]
+    assert sorted(p.name for p in out.glob("*.txt")) == ["rank0.profiler_out.txt", "rank1.profiler_out.txt"]
+    assert step_spans(out / names[0]) == (["execute_context_1(4)_generation_0(0)"]
+                                          + ["execute_context_0(0)_generation_1(1)"] * 2,) * 2
+    status, body = s.request("POST", "/start_profile", {"max_iterations": 3})
+    assert status == 409 and json.loads(body) == CONFLICT
+    assert s.request("POST", "/stop_profile")[0] == 200
+    assert trace_files(out) == names  # the workers wrote when they stopped themselves: nothing more
+    assert s.request("POST", "/stop_profile")[0] == 200
+    assert s.request("POST", "/start_profile", {"max_iterations": 3})[0] == 200
+
+
+def test_vllm_records_until_stop_without_a_bound_with_idle_steps_as_cpu_spans(sim, tmp_path):
+    s = sim("vllm", *VLLM_PROFILER, "--profiler-config.torch_profiler_dir", str(tmp_path),
+            "--profiler-config.ignore_frontend", "true")
     assert s.request("POST", "/start_profile")[0] == 200
     complete(s, max_tokens=3)
+    complete(s, max_tokens=3)
+    assert trace_files(tmp_path) == []
     assert s.request("POST", "/stop_profile")[0] == 200
+    (name,) = trace_files(tmp_path)
+    cpu, gpu = step_spans(tmp_path / name)
+    one = ["execute_context_1(4)_generation_0(0)"] + ["execute_context_0(0)_generation_1(1)"] * 2
+    assert cpu[:7] == one + ["execute_context_0(0)_generation_0(0)"] + one and gpu == one + one
+
+
+@pytest.mark.parametrize("ignore_frontend,front_end_files", [(None, 2), ("false", 2), ("true", 0)])
+def test_vllm_front_end_writes_its_own_files_at_stop_unless_ignored(sim, tmp_path, ignore_frontend,
+                                                                    front_end_files):
+    extra = ("--profiler-config.ignore_frontend", ignore_frontend) if ignore_frontend else ()
+    s = sim("vllm", *VLLM_PROFILER, "--profiler-config.torch_profiler_dir", str(tmp_path), *extra)
+    assert s.request("POST", "/start_profile", {"max_iterations": 2})[0] == 200
+    complete(s, max_tokens=4)
+    assert not list(tmp_path.glob("*async_llm*"))
     assert s.request("POST", "/stop_profile")[0] == 200
-    names = sorted(p.name for p in out.iterdir())
-    assert len(names) == 4
-    assert re.fullmatch(r"dp0_pp0_tp0_dcp0_ep0_rank0\.\d+\.pt\.trace\.json\.gz", names[0])
-    assert names[1] == "dp0_pp0_tp0_dcp0_ep0_rank0.profiler_out.txt"
-    assert names[2].startswith("dp0_pp0_tp1_dcp0_ep0_rank1.")
-    with gzip.open(out / names[0]) as f:
-        events = json.load(f)["traceEvents"]
-    assert sum(e["name"].startswith("execute_context_") for e in events if e.get("cat") == "user_annotation") == 3
+    front = sorted(p.name for p in tmp_path.glob("*.async_llm.*"))
+    assert len(front) == front_end_files
+    if front:
+        assert re.fullmatch(rf"{re.escape(socket.gethostname())}_{s.proc.pid}\.async_llm\.\d+\.pt\.trace\.json\.gz",
+                            front[0])
+        assert front[1] == f"{socket.gethostname()}_{s.proc.pid}.async_llm.profiler_out.txt"
+
+
+def test_sglang_capture_the_way_the_host_agent_drives_it(sim, tmp_path):
+    """start_profile with output_dir, num_steps and activities, traffic until the files, never a stop."""
+    s = sim("sglang", "--tp-size", "2")
+    body = {"output_dir": str(tmp_path), "num_steps": 3, "activities": ["CPU", "GPU"]}
+    assert s.request("POST", "/start_profile", body)[0] == 200
+    complete(s, max_tokens=8)
+    names = wait_files(tmp_path, 2)
+    for name in names:
+        assert step_spans(tmp_path / name) == (["step[EXTEND bs=1 toks=4]", "step[DECODE bs=1]",
+                                                "step[DECODE bs=1]"],) * 2
+
+
+# ---- the stream: tokens without text --------------------------------------------------------
+
+@pytest.mark.parametrize("engine,every,tokens,with_text", [
+    ("vllm", None, 64, 64),
+    ("vllm", "2", 64, 32),   # the CPU build's random-weight byte-level BPE model: 64 tokens, 32 text events
+    ("vllm", "3", 9, 6),
+    ("sglang", "2", 8, 4),
+])
+def test_empty_text_every_n_tokens(sim, engine, every, tokens, with_text):
+    env = {"HARNESS_SIM_EMPTY_TEXT_EVERY": every} if every else {}
+    events = complete(sim(engine, env=env), max_tokens=tokens)
+    token_events = [e for e in events if isinstance(e, dict) and e["choices"]]
+    if engine == "sglang":
+        token_events = token_events[:-1]  # its closing chunk, empty, with the finish reason
+    assert len(token_events) == tokens  # one event per token, the empty ones included
+    assert len(text_chunks(events)) == with_text
+    assert sum(e["choices"][0]["text"] == "" for e in token_events) == tokens - with_text
+    assert events[-2]["usage"]["completion_tokens"] == tokens and events[-1] == "[DONE]"
 
 
 # ---- faults --------------------------------------------------------------------------------

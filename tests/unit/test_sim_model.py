@@ -74,3 +74,15 @@ def test_knobs_read_the_environment_and_name_a_bad_value():
         parse_faults("explode")
     with pytest.raises(KnobError, match="HARNESS_SIM_TIME_SCALE"):
         from_env({"HARNESS_SIM_TIME_SCALE": "fast"})
+
+
+@pytest.mark.parametrize("raw,every", [(None, None), ("", None), ("0", None), ("1", 1), ("2", 2)])
+def test_empty_text_every_reads_a_whole_number_and_zero_is_off(raw, every):
+    env = {} if raw is None else {"HARNESS_SIM_EMPTY_TEXT_EVERY": raw}
+    assert from_env(env).empty_text_every == every
+
+
+@pytest.mark.parametrize("raw", ["two", "1.5", "-2"])
+def test_empty_text_every_names_a_bad_value(raw):
+    with pytest.raises(KnobError, match="HARNESS_SIM_EMPTY_TEXT_EVERY"):
+        from_env({"HARNESS_SIM_EMPTY_TEXT_EVERY": raw})

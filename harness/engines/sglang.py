@@ -1,0 +1,74 @@
+"""SGLang (`python -m sglang.launch_server`), as its releases 0.5.x behave.
+
+Facts, each with the release it was read from:
+- Flags: `--tp-size` (`--tensor-parallel-size`), `--pp-size`, `--dp-size`; with `--enable-dp-attention`
+  the DP ranks live inside the TP group, else each DP replica is a TP group of its own (0.5.23
+  `server_args.py`).
+- Profiler (0.5.23 `managers/scheduler_components/profiler_manager.py`): `/start_profile` with
+  `num_steps` returns at once and stops by itself after that many forward steps, writing the traces
+  then; with no traffic it never stops. A `/stop_profile` after such a session answers a bare 500
+  ("Profiling is not in progress") or closes an older session into that session's directory, so the
+  harness never sends one. Files: `[{prefix}-]{profile_id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}]
+  [-EXTEND|-DECODE].trace.json.gz`; `merge_profiles` adds `merged-{profile_id}.trace.json.gz`.
+- Steps (0.5.23 `model_executor/model_runner.py` forward, `utils/profile_utils.py`
+  build_step_span_name): every forward step runs inside `record_function("step[DECODE bs=8]")`,
+  `"step[EXTEND bs=1 toks=1024]"`, `MIXED`, `IDLE`, and with speculative decoding `VERIFY` and `DRAFT`.
+- Health: connection refused while loading, then `/health` 503 until the warm-up generation is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from harness.engines.base import CaptureSettings, Engine, StepSpans, TraceNaming, arg, register
+
+NAMING = TraceNaming(glob="*.trace.json.gz", rank=r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?",
+                     not_ranks=r"^merged-", prefer=r"-DECODE\.")
+STEPS = StepSpans(prefix="step[", stages=(
+    (r"^step\[DECODE ", "decode"),
+    (r"^step\[(EXTEND|MIXED|SPLIT_PREFILL|PREBUILT|DLLM_EXTEND)[ \]]", "prefill"),
+    (r"^step\[(TARGET_)?VERIFY ", "verify"),
+    (r"^step\[DRAFT", "draft"),          # a draft worker's steps; DRAFT_EXTEND(_V2) modes too
+    (r"^step\[IDLE ", ""),
+))
+HINTS = {
+    "500": "SGLang answers a bare 500 when a profile is already in progress (an earlier num_steps "
+           "session that never saw traffic) or after it stopped by itself; restart the server or wait "
+           "for the earlier session's traces in its own output_dir",
+    "": "SGLang writes traces only when profiling stops: keep traffic flowing for num_steps steps, check "
+        "SGLANG_TORCH_PROFILER_DIR is writable on every node, and raise profile.timeout_s for large models",
+}
+
+
+@dataclass(frozen=True)
+class SGLang(Engine):
+    def ranks(self, args: Mapping[str, Any]) -> int:
+        tp = arg(args, "tp-size", "tensor-parallel-size", "tp")
+        pp = arg(args, "pp-size", "pipeline-parallel-size")
+        dp = 1 if args.get("enable-dp-attention") or args.get("attn-dp-size") else arg(args, "dp-size")
+        return tp * pp * dp
+
+    def capture(self, how: CaptureSettings) -> dict:
+        body: dict[str, Any] = {"output_dir": how.directory, "num_steps": how.num_steps,
+                                "activities": ["CUDA_PROFILER"] if how.nsys else ["CPU", "GPU"]}
+        if how.start_step is not None or how.nsys:
+            body["start_step"] = how.start_step if how.start_step is not None else 3
+        if how.nsys:
+            # the engine only brackets the steps with cudaProfilerStart/Stop; nsys writes its report
+            # when the server exits, so one request long enough to cover the range is all it needs
+            traffic: Any = {"max_tokens": body["start_step"] + how.num_steps + 4}
+        else:
+            traffic = "flow"   # num_steps counts only steps with work
+        return {"start": {"path": "/start_profile", "body": body}, "stop": None, "traffic": traffic,
+                "await": "exit" if how.nsys else "files", "hints": HINTS}
+
+
+ENGINE = register(SGLang(
+    name="sglang", launcher="python -m sglang.launch_server", module="sglang", default_port=30000,
+    template="sglang.sh.j2", help_command="python -m sglang.launch_server --help",
+    version_command="python -c 'import sglang; print(sglang.__version__)'",
+    traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
+    env_prefixes=("SGLANG_",),
+    oom_hint="lower --mem-fraction-static, shorten --context-length or use more GPUs (--tp-size)"))

@@ -1,0 +1,71 @@
+"""vLLM (`vllm serve`), as 0.26.0 (CUDA 13, on an H200) and 0.32.0 (the CPU build) behave.
+
+Facts, each with the release it was seen in:
+- Flags: `--tensor-parallel-size/-tp`, `--pipeline-parallel-size/-pp`, `--data-parallel-size/-dp`;
+  plain `--help` lists argument groups only since 0.11, `--help=all` every flag (31-41 s on the CPU
+  build).
+- Profiler: configured at launch only (`--profiler-config.profiler torch
+  --profiler-config.torch_profiler_dir DIR`; `VLLM_TORCH_PROFILER_DIR` is ignored since 0.16), else
+  `/start_profile` is a 404. `--profiler-config.max_iterations N` makes each worker stop itself
+  after N engine steps (0.26 and 0.32; 0.32 also takes `{"max_iterations": N}` in the /start_profile
+  body, 0.26 ignores any body). Without it a capture holds every step until /stop_profile (318 steps
+  for a "10 step" window on the H200). 0.32 refuses a second start with 409 until /stop_profile, so
+  the harness always stops once the ranks' files are in. `torch_profiler_with_stack` defaults on
+  (30 MB traces and a 59-92 s stop for a 3 M-parameter model on CPU); the template turns it off and
+  sets `ignore_frontend` (no API-server trace).
+- Files: `rank{g}.{ns}.pt.trace.json.gz` per worker when the model has no expert-parallel group
+  (dense models; 0.26 `distributed/utils.py` get_worker_rank_suffix falls back to it),
+  `dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_rank{g}.{ns}.pt.trace.json.gz` with one, `{prefix}_` before either
+  with a profile prefix; the front end's `{host}_{pid}.async_llm.{ns}.pt.trace.json.gz` (CPU only, no
+  rank); `rank0.profiler_out.txt` / `profiler_out_0.txt` key_averages tables.
+- Steps: every engine step runs inside `execute_context_{n}({tokens})_generation_{m}({tokens})`
+  (CPU `user_annotation` and GPU `gpu_user_annotation`): n requests in prefill, m in decode; steps
+  with neither are idle (48 of 318 on the H200).
+- Health: connection refused until the engine is up, then `/health` 200.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from harness.engines.base import CaptureSettings, Engine, StepSpans, TraceNaming, arg, register
+
+NAMING = TraceNaming(glob="*.pt.trace.json.gz", rank=r"(?:^|_)rank(\d+)\.", not_ranks=r"\.async_llm\.")
+STEPS = StepSpans(prefix="execute_context_", stages=(
+    (r"^execute_context_[1-9]\d*\(", "prefill"),                  # any request in prefill (mixed too)
+    (r"^execute_context_0\(\d+\)_generation_[1-9]", "decode"),
+    (r"", ""),                                                    # no request at all: idle
+))
+HINTS = {
+    "404": "vLLM answers 404 when no profiler was configured at launch: the template must pass "
+           "--profiler-config.profiler torch --profiler-config.torch_profiler_dir DIR",
+    "409": "a profiling session was already open (vLLM >= 0.32 allows one at a time): restart the server",
+    "": "vLLM flushes traces slowly on large models (minutes): raise profile.timeout_s",
+}
+
+
+@dataclass(frozen=True)
+class VLLM(Engine):
+    def ranks(self, args: Mapping[str, Any]) -> int:
+        return (arg(args, "tensor-parallel-size", "tp") * arg(args, "pipeline-parallel-size", "pp")
+                * arg(args, "data-parallel-size", "dp"))
+
+    def capture(self, how: CaptureSettings) -> dict:
+        # the step bounds are launch flags too (templates/vllm.sh.j2): 0.26 reads them only there
+        body: dict[str, Any] = {"max_iterations": how.num_steps}
+        if how.start_step:
+            body["delay_iterations"] = how.start_step
+        return {"start": {"path": "/start_profile", "body": body}, "stop": {"path": "/stop_profile"},
+                "traffic": {"max_tokens": how.num_steps + 8} if how.nsys else "flow",
+                "await": "exit" if how.nsys else "files", "hints": HINTS}
+
+
+ENGINE = register(VLLM(
+    name="vllm", launcher="vllm serve", module="vllm", default_port=8000, template="vllm.sh.j2",
+    help_command="vllm serve --help=all",
+    version_command="python -c 'import vllm; print(vllm.__version__)'",
+    traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
+    env_prefixes=("VLLM_",),
+    oom_hint="lower --gpu-memory-utilization or --max-model-len, or use more GPUs (-tp)"))
