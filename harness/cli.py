@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from harness.errors import HarnessError, InputError
 
@@ -34,10 +35,10 @@ def exits(fn):
         try:
             return fn(*args, **kwargs)
         except InputError as e:
-            err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
+            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
             raise typer.Exit(2) from None
-        except HarnessError as e:
-            err.print(f"[red]error:[/] {e}", highlight=False)
+        except HarnessError as e:  # a message may hold `[host]` or `[/]`: text, never markup
+            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted")
@@ -89,11 +90,11 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if outcome.interrupted:
         raise typer.Exit(130)
     if outcome.fatal:
-        err.print(f"[red]error:[/] {outcome.fatal}")
+        err.print(Text.assemble(("error: ", "red"), outcome.fatal))
         raise typer.Exit(1)
     misses = sweep_misses(outcome.sweep_dir)
     for miss in misses:
-        err.print(f"[red]reference missed:[/] {miss}", highlight=False)
+        err.print(Text.assemble(("reference missed: ", "red"), str(miss)), highlight=False)
     if outcome.failed:
         err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
     if outcome.failed or misses:
@@ -167,6 +168,11 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
     client.write_results(result, output)
     out.print(render_bench(result))
     out.print(f"wrote {output} and {output.parent / 'requests.jsonl'}")
+    failed = client.failures(result)
+    if failed:
+        err.print("requests failed, so these figures cannot be trusted:\n  " + "\n  ".join(failed),
+                  markup=False)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -251,7 +257,8 @@ def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
                                 after=f"now ({sw.hosts[0].name})"))
     out.print(f"results: {outcome.sweep_dir}")
     if manifest["status"] != "ok":
-        err.print(f"[red]the reproduced run failed:[/] {(manifest.get('error') or {}).get('message')}")
+        err.print(Text.assemble(("the reproduced run failed: ", "red"),
+                                str((manifest.get("error") or {}).get("message"))))
         raise typer.Exit(1)
 
 

@@ -23,6 +23,7 @@ import shutil
 import signal
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from harness.lifecycle.server import stop_command
 from harness.plan import RunPaths, RunSpec, Sweep
 from harness.remote import install, remote_dir
 from harness.report.live import Display
-from harness.results import read_json, write_json, write_summary
+from harness.results import atomic_write, read_json, write_json, write_summary
 from harness.transport import connect
 
 TRANSIENT = frozenset({"unreachable", "timeout", "collect", "server_died"})
@@ -165,7 +166,12 @@ class Executor:
                     if self.stop.is_set():
                         self._give_back(spec)
                         return
-                    self._run(spec, state)
+                    try:
+                        self._run(spec, state)
+                    except OSError:
+                        raise
+                    except Exception as e:  # our own bug, outside the run itself: the run fails, not the sweep
+                        self._finish(spec, state, self._internal(spec, state, e))
         except OSError as e:  # the local disk (results) failed us: nothing more can be recorded safely
             self.outcome.fatal = f"cannot write results in {self.sweep_dir}: {e}"
             self.display.log(self.outcome.fatal)
@@ -187,7 +193,10 @@ class Executor:
                                    timeout=120, check=False).stdout
             if '"pid"' in reaped:
                 self.display.log(f"[{host.name}] stopped servers left by an earlier sweep: {reaped.strip()}")
-        except HarnessError as e:
+        except Exception as e:  # HarnessError, or our own bug: either way this host is set aside
+            if not isinstance(e, HarnessError):
+                e = HarnessError(f"the harness failed connecting to {host.name} ({internal_text(e)})",
+                                 kind="internal")
             state.attempts += 1
             state.error = e
             state.dead = e.kind in FATAL_HOST or state.attempts >= self.host_attempts
@@ -249,6 +258,8 @@ class Executor:
         self.journal.append(spec.run_id, "running", host=host.name, attempt=attempt)
         try:
             manifest = execute(ctx)
+        except Exception as e:  # our own bug inside the run: recorded, its server stopped, the sweep goes on
+            manifest = self._internal(spec, state, e, ctx)
         finally:
             with self.lock:
                 self.in_flight.pop(spec.run_id, None)
@@ -257,6 +268,30 @@ class Executor:
             self.display.log(f"[{host.name}] {spec.run_id}: attempt {attempt} failed "
                              f"({error['kind']}: {error['message']})")
             raise Transient(manifest)
+        return manifest
+
+    def _internal(self, spec: RunSpec, state: HostState, error: Exception, ctx: RunContext | None = None) -> dict:
+        """A run that an unexpected exception of the harness's own ended: failed with kind `internal`,
+        the traceback in the run's `harness-error.log`, its server stopped. Never retried: the same
+        bug would end it again."""
+        redact = self.sweep.redactor.text
+        local_dir = self.sweep_dir / "runs" / spec.run_id
+        trace = redact("".join(traceback.format_exception(error)))
+        atomic_write(local_dir / "harness-error.log", trace)
+        if ctx is not None:
+            try:
+                ctx.sh(stop_command(ctx), timeout=120, check=False)
+            except Exception as e:  # the watchdog stops it when the lease lapses
+                self.display.log(f"[{state.host.name}] could not stop {spec.run_id}: {internal_text(e)}")
+        message = redact(f"the harness failed ({internal_text(error)}): a bug, please report it with "
+                         f"runs/{spec.run_id}/harness-error.log")
+        manifest = {"schema": "harness.run/1", "run_id": spec.run_id, "sweep_id": self.sweep.sweep_id,
+                    "config": {"name": spec.config.name}, "host": {"name": state.host.name},
+                    "engine": self.sweep.engine.name, "status": "failed",
+                    "error": {"kind": "internal", "message": message, "detail": trace},
+                    "attempts": self.attempts.get(spec.run_id, 1),
+                    "phases": ctx.phases if ctx is not None else {}, "harness_version": harness.__version__}
+        write_json(local_dir / "manifest.json", manifest)
         return manifest
 
     def _others_alive(self, spec: RunSpec, state: HostState) -> bool:
@@ -403,6 +438,11 @@ class Executor:
             "runs": [{"run_id": r.run_id, "config": r.config.name, "hosts": [h.name for h in r.hosts]}
                      for r in sweep.runs],
             "argv": self.argv, "started": self.started, "finished": finished}))
+
+
+def internal_text(error: BaseException) -> str:
+    """`Type: message` of an unexpected exception, on one line."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
 
 
 def _main_thread() -> bool:

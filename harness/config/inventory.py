@@ -19,12 +19,14 @@ Ansible's business and ignored; any other unknown key is an error naming the key
 from __future__ import annotations
 
 import fnmatch
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harness.config.playbook import ENV_NAME
 from harness.config.yamlfile import Loc, YamlDoc, dotted, load_yaml
 from harness.errors import InputError
 from harness.transport.base import HostSpec
@@ -38,6 +40,8 @@ ALIASES = {
     "ansible_ssh_common_args": None,
 }
 _CONNECTIONS = {"local": "local", "ssh": "ssh", "smart": "ssh", "paramiko": "ssh"}
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+JUMP = re.compile(r"^(?:[A-Za-z0-9_.\-]+@)?[A-Za-z0-9_.\-]+(?::(?P<port>\d{1,5}))?$")
 GROUP_KEYS = {"vars", "hosts", "children"}
 
 
@@ -69,6 +73,38 @@ class Host(BaseModel):
     def _env_strings(cls, v):
         if isinstance(v, dict):
             return {k: _scalar_str(x) for k, x in v.items()}
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        # a host name names directories, journal entries and a comment in every launch script
+        if not HOST_NAME.match(v):
+            raise ValueError(f"host name {v!r}: use letters, digits, '.', '_' and '-'")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict) -> dict:
+        for name in v:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list) -> list:
+        for name in v:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"secret {name!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("jump")
+    @classmethod
+    def _jump(cls, v: str | None) -> str | None:
+        m = JUMP.match(v or "")
+        if v is not None and (not m or (m["port"] and not 1 <= int(m["port"]) <= 65535)):
+            raise ValueError(f"jump {v!r}: expected [user@]host[:port], the port 1-65535")
         return v
 
     @field_validator("workdir", "venv")

@@ -102,6 +102,8 @@ class Benchmark(Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict, description="fields added to every request, "
                                        "for engine-specific knobs (e.g. transformers' generation_config)")
     timeout_s: float = Field(600, gt=0, description="per request")
+    max_failed_share: float = Field(0.0, ge=0, le=1, description="a run whose level lost more than this "
+                                    "share of its requests fails (kind bench); 0: any failed request fails it")
 
     @field_validator("concurrency", mode="before")
     @classmethod

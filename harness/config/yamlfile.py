@@ -88,7 +88,27 @@ def load_yaml(path: Path | str) -> YamlDoc:
         raise InputError(f"invalid YAML: {e}", file=str(path)) from None
     finally:
         loader.dispose()
-    return YamlDoc(path, data if data is not None else {}, loader.lines)
+    doc = YamlDoc(path, data if data is not None else {}, loader.lines)
+    _check_text(doc, doc.data, ())
+    return doc
+
+
+def _check_text(doc: YamlDoc, value: Any, loc: Loc) -> None:
+    """Every string must be one a host can receive: YAML's "\\ud800" escapes make lone surrogates,
+    which no UTF-8 command line, file or request can carry (found by a run that died sending one)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(doc, key, loc)
+            _check_text(doc, item, loc + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_text(doc, item, loc + (i,))
+    elif isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise doc.error(loc, f"text that is not valid Unicode ({e.reason} at character {e.start}: "
+                                 f"{value[max(0, e.start - 10):e.start]!r}...)") from None
 
 
 def dotted(loc: Loc) -> str:

@@ -28,6 +28,7 @@ def bench(ctx: RunContext) -> None:
     words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
     if b.extra_body:
         words += ["--extra-body", json.dumps(b.extra_body)]
+    words += ["--max-failed-share", b.max_failed_share]
     command = ctx.in_venv(f"python {q(ctx.tools_dir + '/bench.py')} " + " ".join(q(str(w)) for w in words))
     # the worst case: every request of every level runs into its own timeout, one wave after another
     waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
@@ -44,6 +45,9 @@ def bench(ctx: RunContext) -> None:
     if not alive:
         raise ctx.fail("server_died", "the server died during the benchmark",
                        output=result.stderr or result.stdout)
+    said = [line.removeprefix("bench.py: ") for line in result.stderr.splitlines() if line.startswith("bench.py: ")]
+    if result.exit_code in (3, 4):   # requests failed: the numbers of this run cannot be believed
+        raise ctx.fail("bench", "requests failed: " + "; ".join(said), output=result.stderr)
     if result.exit_code != 0:
         raise ctx.fail("bench", f"the benchmark client failed (exit {result.exit_code})",
                        output=result.stderr or result.stdout)

@@ -34,7 +34,12 @@ def launch(ctx: RunContext) -> int:
                "echo $? >server.exit' >/dev/null 2>&1 </dev/null & } && "
                f"{{ setsid {watch} >watchdog.log 2>&1 </dev/null & }} && "
                "for _ in $(seq 100); do [ -s server.pid ] && break; sleep 0.05; done; cat server.pid")
-    pid = int(ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode()).stdout.split()[-1])
+    out = ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode()).stdout
+    words = out.split()
+    if not words or not words[-1].isdigit():
+        raise ctx.fail("launch", f"the launch wrapper on {ctx.host.name} wrote no server pid within 5 s "
+                       f"(is {paths.root} writable, and bash and setsid there?)", output=out[-2000:])
+    pid = int(words[-1])
     ctx.record["server_pid"] = pid
     return pid
 

@@ -11,8 +11,9 @@ requests (default: twice the concurrency, at least 16) with `concurrency` of the
 loop: a stream sends its next request when its last one ends), or as many as fit in `--duration`
 seconds. Requests are greedy (temperature 0), streamed, ask for usage, and ignore EOS by default so
 every request decodes `--max-tokens` tokens. Results: bench.json (SPEC.md "bench.json and
-requests.jsonl") and requests.jsonl beside it; a short summary goes to stderr. Exit 0 even when some
-requests failed; 2 on bad arguments; 3 when no request of any level completed.
+requests.jsonl") and requests.jsonl beside it; a short summary goes to stderr. Exit 0 when every level
+completed (or failed no more than --max-failed-share of its requests); 4 when a level failed more,
+naming the errors; 3 when no request of any level completed; 2 on bad arguments.
 
 Definitions (per request; a level's distributions pool its completed requests):
     TTFT = first chunk carrying text (or reasoning text) - request sent
@@ -759,7 +760,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="processes to split each level's streams over (default 1; raise it only beyond "
                         "~20,000 chunks/s and where cores are free beside the server's)")
     p.add_argument("--out", default="bench.json", help="bench.json path; requests.jsonl goes beside it")
+    p.add_argument("--max-failed-share", type=float, default=0.0,
+                   help="exit 4 when more than this share of a level's requests failed (default 0: any)")
     return p
+
+
+def failures(result: dict, max_share: float = 0.0) -> List[str]:
+    """One line per level whose failed requests exceed `max_share`, with the commonest errors."""
+    lines = []
+    for level in result["levels"]:
+        if level["requests"] and level["failed"] / level["requests"] > max_share:
+            why = "; ".join(f"{e['count']} x {e['error']}" for e in level["errors"][:3])
+            lines.append(f"concurrency {level['concurrency']}: {level['failed']} of {level['requests']} "
+                         f"requests failed ({why})")
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -781,7 +795,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench.py: no request completed at any level against {args.url} (most common error: {why})",
               file=sys.stderr)
         return 3
-    return 0
+    failed = failures(result, args.max_failed_share)
+    for line in failed:
+        print(f"bench.py: {line}", file=sys.stderr)
+    return 4 if failed else 0
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
 all of DISTRIBUTIONS x STATS."""
 DISTRIBUTIONS = ("ttft_ms", "itl_ms", "itl_token_ms", "tpot_ms", "e2e_ms")
 STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
-FIELDS = (["config", "concurrency", "runs", "ok"] + [f"{m}_{q}" for m, q, _ in METRICS]
+FIELDS = (["config", "concurrency", "runs", "ok", "completed", "failed"] + [f"{m}_{q}" for m, q, _ in METRICS]
           + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "theoretical_ms", "efficiency", "baseline", "itl_vs_baseline", "tok_s_vs_baseline",
              "misses", "error"])
 """The columns of csv and markdown, in order (json has every field of a row)."""
@@ -75,6 +75,8 @@ def _row(config: str, concurrency: int | None, runs: list[tuple[dict, dict | Non
     failed = [m for m, _ in runs if m["status"] != "ok"]
     err = (failed[0].get("error") or {}) if failed else None
     row["error"] = err and f"{err.get('kind')}: {err.get('message', '')}".strip()
+    row["completed"] = sum(lv.get("completed") or 0 for _, lv in runs if lv)
+    row["failed"] = sum(lv.get("failed") or 0 for _, lv in runs if lv)
     for metric in DISTRIBUTIONS:
         for q in STATS:
             row[f"{metric}_{q}"] = _median([(lv.get(metric) or {}).get(q) for _, lv in ok])
@@ -142,6 +144,7 @@ def table(rows: list[dict], *, title: str = "configurations"):
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("config", no_wrap=True)
     t.add_column("conc", justify="right", no_wrap=True)
+    t.add_column("req\ndone", justify="right", no_wrap=True)
     for _, _, label in METRICS[:3]:
         t.add_column(label.removesuffix(" ms"), justify="right", no_wrap=True)
     per_token = any((r.get("tokens_per_chunk") or 1) > 1.05 for r in rows)
@@ -155,7 +158,9 @@ def table(rows: list[dict], *, title: str = "configurations"):
         t.add_column("Δ\nITL", justify="right", no_wrap=True)
         t.add_column("Δ\ntok/s", justify="right", no_wrap=True)
     for row in rows:
-        cells = [row["config"], str(row["concurrency"] or "-")]
+        requests = (row.get("completed") or 0) + (row.get("failed") or 0)
+        done = Text(f"{row.get('completed') or 0}/{requests}", style="red" if row.get("failed") else "")
+        cells = [row["config"], str(row["concurrency"] or "-"), done if requests else "-"]
         cells += [_fmt(row.get(f"{m}_{q}")) for m, q, _ in METRICS[:3]]
         if per_token:
             cells.append(_fmt(row.get("itl_token_ms_p50")))

@@ -105,7 +105,7 @@ class ProcessTransport:
             stderr = self._abandon(proc)
             raise RemoteTimeout(f"pulling {remote_dir} timed out after {timeout:g}s", host=self.host.name,
                                 command=command, output=text(stderr)) from None
-        except tarpull.TooLarge:
+        except (tarpull.TooLarge, tarpull.Refused):
             self._abandon(proc)
             raise
         finally:

@@ -19,6 +19,7 @@ the layers between (RELIABILITY.md):
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import ipaddress
 import math
@@ -29,6 +30,7 @@ import select
 import shlex
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
@@ -104,11 +106,8 @@ class SSHTransport(ProcessTransport):
     def _open(self, conn: Connection, *, via: Connection | None) -> None:
         timeout = self.host.connect_timeout
         known_hosts = _known_hosts(self.host, conn)
-        try:
-            conn.client.load_host_keys(known_hosts)
-        except FileNotFoundError:
-            pass  # no file: every key is unknown, and refused with the command that pins it
-        conn.client.set_missing_host_key_policy(_RefuseUnknown(conn, known_hosts, self.host.name))
+        pinned = load_known_hosts(known_hosts, conn.client.get_host_keys())
+        conn.client.set_missing_host_key_policy(_RefuseUnknown(conn, known_hosts, self.host.name, pinned))
         # fabric rounds connect_timeout to an int (0.5 -> no timeout at all): give paramiko floats.
         conn.connect_timeout = None
         conn.connect_kwargs = {**conn.connect_kwargs, "timeout": timeout, "banner_timeout": timeout,
@@ -289,17 +288,72 @@ class _ChannelProcess:
             self._chan.close()
 
 
+@dataclass
+class KnownHosts:
+    """What a known_hosts file says beyond the plain keys paramiko checks itself."""
+
+    revoked: set[str] = field(default_factory=set)     # base64 of keys marked @revoked
+    authorities: int = 0                               # @cert-authority lines (not supported)
+    skipped: list[int] = field(default_factory=list)   # line numbers paramiko cannot read
+
+
+def load_known_hosts(path: str, into: paramiko.HostKeys) -> KnownHosts:
+    """Read a known_hosts file as OpenSSH does, into paramiko's host keys.
+
+    paramiko's own loader raises InvalidHostKey on the standard `@cert-authority` and `@revoked`
+    markers (sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT") and on any line it cannot parse, which would
+    fail every connection. Here a `@revoked` key is refused even where another line pins it, a
+    `@cert-authority` line is counted (paramiko cannot check host certificates, so such a host's key
+    must be pinned itself), and unreadable lines are skipped, as OpenSSH skips them. A missing file
+    pins nothing: every key is unknown and refused with the command that pins it."""
+    found = KnownHosts()
+    entries = []
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        marker, _, rest = text.partition(" ") if text.startswith("@") else ("", "", text)
+        if marker == "@cert-authority":
+            found.authorities += 1
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(rest, number)
+        except (paramiko.SSHException, ValueError, TypeError, binascii.Error):
+            entry = None
+        if entry is None or marker not in ("", "@revoked"):
+            found.skipped.append(number)
+        elif marker == "@revoked":
+            found.revoked.add(entry.key.get_base64())
+        else:
+            entries.append(entry)
+    for entry in entries:
+        if entry.key.get_base64() not in found.revoked:
+            for name in entry.hostnames:
+                into.add(name, entry.key.get_name(), entry.key)
+    return found
+
+
 class _RefuseUnknown(paramiko.RejectPolicy):
     """RejectPolicy, with a message that says how to pin the key after checking it."""
 
-    def __init__(self, conn: Connection, known_hosts: str, name: str):
-        self._conn, self._known_hosts, self._name = conn, known_hosts, name
+    def __init__(self, conn: Connection, known_hosts: str, name: str, pinned: KnownHosts):
+        self._conn, self._known_hosts, self._name, self._pinned = conn, known_hosts, name, pinned
 
     def missing_host_key(self, client, hostname, key) -> None:
         conn = self._conn
+        where = f"{conn.host}:{conn.port} ({key.get_name()} {key.fingerprint})"
+        if key.get_base64() in self._pinned.revoked:
+            raise HostKeyError(f"the host key of {where} is marked @revoked in {self._known_hosts}: "
+                               "refusing to connect", host=self._name)
+        authority = (" Its key may be signed by a @cert-authority listed there, but host certificates "
+                     "are not checked here: pin the host's own key." if self._pinned.authorities else "")
         raise HostKeyError(
-            f"unknown host key for {conn.host}:{conn.port} ({key.get_name()} {key.fingerprint}): not in "
-            f"{self._known_hosts}. Check the fingerprint with the host's owner, then pin it: "
+            f"unknown host key for {where}: not in {self._known_hosts}.{authority} Check the fingerprint "
+            f"with the host's owner, then pin it: "
             f"ssh-keyscan -p {conn.port} {shlex.quote(conn.host)} >> {shlex.quote(self._known_hosts)}",
             host=self._name)
 

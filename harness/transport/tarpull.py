@@ -13,7 +13,9 @@ checks what is left (PEP 706). Names with newlines or a leading `-` are ordinary
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import math
 import os
 import shutil
 import subprocess
@@ -34,8 +36,24 @@ _CHUNK = 1 << 16
 _TAR_BUFFER = 1 << 18
 
 
+MAX_MEMBERS = 200_000
+"""Entries one pull may hold: far beyond any run's files (a TP8 profile is tens), short of a stream
+that never ends."""
+TRAILER_MAX = 1 << 20
+"""What may follow the archive's end (its zero blocks, a compressor's frame end) before we stop reading."""
+LOCAL_RESERVE = 256 << 20
+"""Free space the local disk keeps while a pull writes: the journal and manifests must still fit."""
+
+
 class TooLarge(RemoteError):
-    """The pulled tree is larger than the caller allowed."""
+    """The pulled tree is larger than the caller allowed, or than the local disk can take."""
+
+    kind = "collect"
+
+
+class Refused(RemoteError):
+    """The host sent a stream that cannot be extracted as it claims (a file and a folder of one name,
+    a time that is not a number, data after the end of the archive, too many entries)."""
 
     kind = "collect"
 
@@ -163,22 +181,35 @@ class Staging:
 
     def extract(self, read: Callable[[], bytes]) -> None:
         """Extract the stream that `read` yields chunk by chunk (b"" at its end) into the staging dir:
-        plain tar, gzip'd (tarfile finds out) or zstd'd (we do)."""
+        plain tar, gzip'd (tarfile finds out) or zstd'd (we do). What the host sent is not trusted:
+        whatever it makes go wrong is a Refused pull (a failed collect), never an exception of ours;
+        only a full local disk is left as the OSError it is."""
         wire = _Reader(read)
-        if wire.peek(4) != _ZSTD_MAGIC:
-            self._extract(wire)
-            return
-        unzstd = _Unzstd(wire)
         try:
-            self._extract(_Reader(unzstd.read))
-        finally:
-            unzstd.close()
+            if wire.peek(4) != _ZSTD_MAGIC:
+                self._extract(wire)
+                return
+            unzstd = _Unzstd(wire)
+            try:
+                self._extract(_Reader(unzstd.read))
+            finally:
+                unzstd.close()
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise Refused(f"pulling {self.label}: cannot extract what the host sent ({e})") from e
+        except (ValueError, OverflowError, EOFError, UnicodeError) as e:
+            raise Refused(f"pulling {self.label}: cannot extract what the host sent ({e})") from e
 
     def _extract(self, stream: _Reader) -> None:
         """Only directories and regular files, each through `_filter`; nothing here creates a link,
         so no path can lead outside the staging directory once `_filter` has checked its name."""
+        members = 0
         with tarfile.open(fileobj=stream, mode="r|*", bufsize=_TAR_BUFFER) as tar:
             for member in tar:
+                members += 1
+                if members > MAX_MEMBERS:
+                    raise Refused(f"pulling {self.label}: more than {MAX_MEMBERS} entries")
                 if (member := self._filter(member, str(self.tmp))) is None:
                     continue
                 path = self.tmp / member.name
@@ -187,18 +218,26 @@ class Staging:
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     self._write(tar.extractfile(member), path, member)
-        while stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
-            pass
+        trailer = 0
+        while chunk := stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
+            trailer += len(chunk)
+            if trailer > TRAILER_MAX:
+                raise Refused(f"pulling {self.label}: data goes on after the end of the archive")
 
     def _write(self, source, path: Path, member: tarfile.TarInfo) -> None:
         digest = hashlib.sha256()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        written = 0
         with os.fdopen(fd, "wb") as out:
             while chunk := source.read(_TAR_BUFFER):
                 digest.update(chunk)
                 out.write(chunk)
+                written += len(chunk)
+                if written % (64 << 20) < len(chunk):  # every 64 MB: the host's word on sizes is not ours
+                    self._check_room()
         os.chmod(path, member.mode)
-        os.utime(path, (member.mtime, member.mtime))
+        if math.isfinite(member.mtime):  # a pax header can say mtime=nan
+            os.utime(path, (member.mtime, member.mtime))
         self._files[path.relative_to(self.tmp).as_posix()] = (digest.hexdigest(), member.size)
 
     def _filter(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
@@ -215,7 +254,15 @@ class Staging:
         self._total += member.size
         if self.max_bytes is not None and self._total > self.max_bytes:
             raise TooLarge(f"pulling {self.label} exceeds max_bytes={self.max_bytes}")
+        if member.size > (1 << 24):
+            self._check_room(member.size)
         return tarfile.data_filter(member, dest)
+
+    def _check_room(self, coming: int = 0) -> None:
+        free = shutil.disk_usage(self.tmp).free
+        if free - coming < LOCAL_RESERVE:
+            raise TooLarge(f"pulling {self.label}: the local disk has {free / 1e9:.2f} GB free, too little "
+                           f"for what is coming ({coming / 1e9:.2f} GB more): make room")
 
     def commit(self) -> Pulled:
         """Move the extracted tree into `local_dir` (merging if it exists)."""

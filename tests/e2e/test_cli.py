@@ -17,9 +17,19 @@ from tests.remote_venv import make_remote_venv
 @pytest.fixture
 def sim_server(tmp_path):
     """A simulated SGLang server on a free port, healthy before the test starts."""
+    yield from _sim("sglang", "--model-path", "/m")
+
+
+@pytest.fixture
+def sim_vllm(tmp_path):
+    """A simulated vLLM server, which (like vLLM) refuses a model name it does not serve with a 404."""
+    yield from _sim("vllm", "/m")
+
+
+def _sim(engine: str, *model: str):
     port = _free_port()
     env = {"HARNESS_SIM_TIME_SCALE": "0.02", "HARNESS_SIM_STARTUP_S": "0.2", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.sim", "sglang", "--model-path", "/m",
+    proc = subprocess.Popen([sys.executable, "-m", "harness.sim", engine, *model,
                              "--served-model-name", "tiny", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import urllib.request
@@ -46,6 +56,18 @@ def test_bench_measures_any_openai_server_and_writes_both_files(tmp_path, sim_se
     assert all(lv["output_tokens"] == 24 for lv in bench["levels"])
     assert len((out.parent / "requests.jsonl").read_text().splitlines()) == 6
     assert "tiny" in run.stdout
+
+
+@pytest.mark.parametrize("url, model, why", [
+    (None, "no-such-model", "HTTP 404"),
+    ("http://127.0.0.1:1", "tiny", "refused"),
+], ids=["wrong-model-name", "nothing-listening"])
+def test_bench_exits_1_and_says_why_when_requests_failed(tmp_path, sim_vllm, url, model, why):
+    run = harness("bench", "--url", url or sim_vllm, "--model", model, "--requests", "2", "--warmup", "0",
+                  "--max-tokens", "4", "-o", tmp_path / "bench.json")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "requests failed" in run.stderr and "2 of 2 requests failed" in run.stderr
+    assert why in run.stderr.replace("\n", " ") and "Traceback" not in run.stderr
 
 
 def test_bench_with_bad_levels_is_an_input_error(tmp_path):

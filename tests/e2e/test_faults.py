@@ -150,6 +150,22 @@ def test_case13_transient_failures_are_retried_and_the_attempts_recorded(tmp_pat
     assert [e.get("attempt") for e in journal(tmp_path / "r") if e["state"] == "running"] == [1, 2]
 
 
+def test_case34_a_server_that_hangs_mid_benchmark_is_a_failed_run_never_ok(tmp_path, ssh_inventory):
+    """A hung server once gave `ok in 135 s` with 12 of 16 requests timed out: the figures of such a
+    run cannot be believed, so it fails (kind bench) with what failed, and the sweep exits 1."""
+    pb = playbook(tmp_path, profile="none", configs=[{"name": "hangs", "env": {"HARNESS_SIM_FAULT": "hang_after=3"}}],
+                  benchmark={"prompt": "hello", "max_tokens": 4, "concurrency": [1], "requests": 6, "warmup": 0,
+                             "timeout_s": 2})
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 1, run.stdout + run.stderr
+    m = manifests(tmp_path / "r")["hangs-1"]
+    assert (m["status"], m["error"]["kind"]) == ("failed", "bench")
+    assert "concurrency 1: 3 of 6 requests failed" in m["error"]["message"]
+    level, = json.loads((sweep_dir(tmp_path / "r") / "runs" / "hangs-1" / "bench.json").read_text())["levels"]
+    assert (level["completed"], level["failed"]) == (3, 3)
+    assert "3/6" in run.stdout     # the comparison shows it too
+
+
 def test_case14_health_that_never_passes_is_a_startup_timeout_with_the_log_tail(tmp_path, ssh_inventory):
     pb = playbook(tmp_path, profile="none", configs=[{"name": "stuck", "env": {"HARNESS_SIM_FAULT": "never_healthy"}}])
     data = yaml.safe_load(pb.read_text())

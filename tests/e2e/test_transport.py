@@ -22,7 +22,7 @@ import pytest
 from harness.errors import AuthError, CommandFailed, HostKeyError, RemoteError, RemoteTimeout, UnreachableError
 from harness.transport import HostSpec, connect
 from harness.transport.base import KILL_BUDGET_S, OUTPUT_LIMIT
-from harness.transport.tarpull import Staging, TooLarge
+from harness.transport.tarpull import Refused, Staging, TooLarge
 from tests.sshd import Sshd
 
 pytestmark = pytest.mark.e2e
@@ -210,6 +210,52 @@ def test_a_crafted_tar_stream_cannot_write_outside_or_link(tmp_path):
     assert (local / "setuid").stat().st_mode & 0o7000 == 0
 
 
+def archive(*members: tuple[str, bytes | None, dict], fmt=tarfile.PAX_FORMAT) -> bytes:
+    """A tar stream of (name, data or None for a directory, pax headers)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for name, data, pax in members:
+            info = tarfile.TarInfo(name)
+            info.pax_headers = pax
+            if data is None:
+                info.type = tarfile.DIRTYPE
+            else:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("stream, why", [
+    (archive(("profile/trace.json.gz", b"x", {"mtime": "nan"}), ("ok", b"y", {})), None),
+    (archive(("a", b"file", {}), ("a/b", b"inside a file", {})), "cannot extract"),
+    (archive(("d", None, {}), ("d", b"a file where a folder is", {})), "cannot extract"),
+    (archive(("ok", b"y", {})) + os.urandom(3 << 20), "after the end of the archive"),
+], ids=["pax-mtime-nan", "file-then-folder", "folder-then-file", "endless-trailer"])
+def test_a_hostile_tar_stream_is_a_failed_collect_never_our_exception(tmp_path, stream, why):
+    """Seen in an audit of what a compromised host could send: each used to escape as ValueError or
+    OSError and end the host's worker; now each is a Refused pull (kind collect) or, for a time that
+    is no number, a file without it, and nothing reaches the final path."""
+    chunks = iter([stream[i:i + 65536] for i in range(0, len(stream), 65536)])
+    local = tmp_path / "run"
+    with Staging(local, label="hostile") as staging:
+        if why is None:
+            staging.extract(lambda: next(chunks, b""))
+            assert sorted(staging.commit().sha256) == ["ok", "profile/trace.json.gz"]
+            return
+        with pytest.raises(Refused, match=why) as refused:
+            staging.extract(lambda: next(chunks, b""))
+    assert refused.value.kind == "collect" and not local.exists()
+
+
+def test_an_endless_stream_of_entries_stops_at_the_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.transport.tarpull.MAX_MEMBERS", 50)
+    stream = archive(*[(f"f{i}", b"", {}) for i in range(51)])
+    chunks = iter([stream])
+    with Staging(tmp_path / "run", label="endless") as staging:
+        with pytest.raises(Refused, match="more than 50 entries"):
+            staging.extract(lambda: next(chunks, b""))
+
+
 def test_a_compressed_stream_arriving_a_byte_at_a_time_extracts_whole(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "server.log").write_text("ready\n" * 100)
@@ -243,6 +289,25 @@ def test_a_changed_host_key_is_refused_showing_both_fingerprints(sshd, tmp_path)
     fingerprints = [subprocess.run(["ssh-keygen", "-lf", f"{key}.pub"], capture_output=True, text=True,
                                    check=True).stdout.split()[1] for key in (other, sshd.host_key)]
     assert "CHANGED" in message and all(fp in message for fp in fingerprints)
+
+
+def test_standard_known_hosts_markers_load_and_a_revoked_key_is_refused(sshd, tmp_path):
+    """OpenSSH's `@cert-authority` and `@revoked` lines (sshd(8)) made paramiko's own loader raise
+    InvalidHostKey on every connection. A CA line is no reason to refuse a pinned host; a revoked key
+    is refused even where another line pins it; a line no parser can read is skipped, as OpenSSH does."""
+    ca = tmp_path / "ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ca)], check=True)
+    pinned = Path(sshd.known_hosts).read_text()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority *.example.com {(tmp_path / 'ca.pub').read_text()}"
+                     "not-a-host-key-line\n" + pinned)
+    transport = connect(sshd.host_spec(known_hosts=str(known)))
+    assert transport.run("echo pinned", timeout=10).stdout == "pinned\n"
+    transport.close()
+    host_key = Path(f"{sshd.host_key}.pub").read_text().split()
+    known.write_text(pinned + f"@revoked * {host_key[0]} {host_key[1]}\n")
+    with pytest.raises(HostKeyError, match="marked @revoked"):
+        connect(sshd.host_spec(known_hosts=str(known)))
 
 
 def test_a_wrong_client_key_is_an_auth_error(sshd, tmp_path):

@@ -137,11 +137,12 @@ def bench(tmp_path: Path, url: str, *args: str) -> tuple[subprocess.CompletedPro
     return proc, json.loads(out.read_text()), [json.loads(line) for line in lines]
 
 
-def test_every_kind_of_response_is_counted_and_described_and_the_run_still_succeeds(serve, tmp_path):
+def test_every_kind_of_response_is_counted_and_described_and_failed_requests_fail_the_run(serve, tmp_path):
     server = serve("tokens4", "midstream_error", "reset", "keepalive", "status500", "no_done")
     proc, result, requests = bench(tmp_path, server.url, "--concurrency", "1", "--requests", "6",
                                    "--warmup", "0", "--timeout", "30")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 4, proc.stderr
+    assert "concurrency 1: 3 of 6 requests failed (1 x " in proc.stderr
     assert [r["index"] for r in requests] == list(range(6))
     four, error, reset, keepalive, status500, no_done = requests
 
@@ -161,6 +162,13 @@ def test_every_kind_of_response_is_counted_and_described_and_the_run_still_succe
     assert (result["schema"], result["model"], result["prompt_tokens"]) == ("harness.bench/1", "glm-5", 5)
     assert level["client_cpu_s"] > 0 and level["client_cpu_us_per_chunk"] > 0
     assert "1 failed: The server is overloaded" in proc.stderr
+
+
+def test_a_share_of_failed_requests_the_playbook_allows_still_passes(serve, tmp_path):
+    server = serve("tokens4", "midstream_error", "keepalive", "no_done")
+    proc, result, _ = bench(tmp_path, server.url, "--requests", "4", "--warmup", "0", "--max-failed-share", "0.25")
+    assert proc.returncode == 0, proc.stderr
+    assert (result["levels"][0]["completed"], result["levels"][0]["failed"]) == (3, 1)
 
 
 def test_requests_are_greedy_streams_that_ask_for_usage_and_ignore_eos(serve, tmp_path):
