@@ -39,11 +39,12 @@ def check_host(host: Host, engine: str, port: int | None) -> HostCheck:
     except HarnessError as e:
         return HostCheck(host.name, False, [f"{e.kind}: {e}"])
     try:
-        remote = install(t, host.workdir)
+        installed = install(t, host.workdir, host=host.name)
         python = f"{venv}/bin/python"
-        res = t.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} {shlex.quote(remote + '/agent.py')} "
-                    f"probe --module {shlex.quote(eng.module)} --port {port or eng.default_port} "
-                    f"--dir {shlex.quote(host.workdir)}", timeout=600, check=False)
+        res = t.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
+                    f"{shlex.quote(installed.tools + '/agent.py')} probe --module {shlex.quote(eng.module)} "
+                    f"--port {port or eng.default_port} --dir {shlex.quote(installed.workdir)}",
+                    timeout=600, check=False)
         if res.exit_code != 0 and not res.stdout.strip():
             return HostCheck(host.name, False, [f"venv {venv}: no runnable {python}"])
         probe = json.loads(res.stdout.strip().splitlines()[-1])
@@ -60,9 +61,27 @@ def check_host(host: Host, engine: str, port: int | None) -> HostCheck:
     busy = (probe.get("gpus") or {}).get("processes") or []
     if busy:
         problems.append("GPUs busy: " + "; ".join(f"pid {p['pid']} {p['name']}" for p in busy))
+    problems += gpu_mismatch(host, probe.get("gpus") or {})
     if probe.get("disk_free_gb", 1e9) < 10:
         problems.append(f"only {probe['disk_free_gb']} GB free in {host.workdir}")
     return HostCheck(host.name, not problems, problems, probe)
+
+
+def gpu_mismatch(host: Host, found: dict) -> list[str]:
+    """Where the inventory's `gpus` / `gpu` disagree with what nvidia-smi reports: a sweep planned for
+    eight GPUs on a host that shows four, or an H100 declared as an H200 (the roofline would be off)."""
+    if host.gpus is None and host.gpu is None:
+        return []
+    if not found.get("available"):
+        return [f"the inventory declares {host.gpus or ''} {host.gpu or 'GPU'}s but nvidia-smi is not on this host"]
+    devices = found.get("devices") or []
+    problems = []
+    if host.gpus is not None and host.gpus != len(devices):
+        problems.append(f"the inventory declares gpus: {host.gpus}, nvidia-smi shows {len(devices)}")
+    names = sorted({d["name"] for d in devices})
+    if host.gpu and devices and not all(host.gpu.lower() in n.lower() for n in names):
+        problems.append(f"the inventory declares gpu: {host.gpu}, nvidia-smi shows {', '.join(names)}")
+    return problems
 
 
 def check_hosts(inventory: Path, *, limit: str | None, engine: str, port: int | None) -> list[HostCheck]:

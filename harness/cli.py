@@ -75,6 +75,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         except ValueError:
             raise InputError(f"expected HH:MM, got {deadline!r}", key="--deadline") from None
     sw = load_sweep(playbook, inventory, limit=limit)
+    _notes(sw.inventory)
     if resume:
         sw.sweep_id = latest_sweep(output, sw.playbook.name).name
     if dry_run:
@@ -107,7 +108,15 @@ def plan(playbook: Path, inventory: Inventory = Path("inventory.yaml"), limit: L
          format: Format = "table"):
     """The runs a sweep would do and each rendered launch script; touches no host."""
     from harness.plan import load_sweep
-    _print_plan(load_sweep(playbook, inventory, limit=limit), format)
+    sw = load_sweep(playbook, inventory, limit=limit)
+    _notes(sw.inventory)
+    _print_plan(sw, format)
+
+
+def _notes(inventory) -> None:
+    """Once each: what of an Ansible inventory the harness kept or ignored."""
+    for note in inventory.notes:
+        err.print(Text(f"note: {note}", style="dim"), highlight=False)
 
 
 def _print_plan(sw, format: str) -> None:
@@ -233,6 +242,8 @@ def status(results: Path, format: Format = "table"):
         print(json.dumps(state, indent=2))
     else:
         out.print(render(state))
+    if state["counts"].get("failed") or state["counts"].get("lost"):
+        raise typer.Exit(1)
 
 
 @app.command()

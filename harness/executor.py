@@ -33,17 +33,18 @@ import harness
 from harness.config.inventory import Host
 from harness.errors import HarnessError
 from harness.journal import FINAL, Journal, latest_states
+from harness.lock import SweepLock
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.run import execute
 from harness.lifecycle.server import stop_command
 from harness.plan import RunPaths, RunSpec, Sweep
-from harness.remote import install, remote_dir
+from harness.remote import install, private_workdir, remote_dir
 from harness.report.live import Display
 from harness.results import atomic_write, read_json, write_json, write_summary
 from harness.transport import connect
 
 TRANSIENT = frozenset({"unreachable", "timeout", "collect", "server_died"})
-FATAL_HOST = frozenset({"host_key", "auth"})
+FATAL_HOST = frozenset({"host_key", "auth", "preflight"})   # never better on a second try
 HOST_BACKOFF_S = (5.0, 300.0)   # first and largest wait between connection attempts to a host
 
 
@@ -67,6 +68,10 @@ class HostState:
     error: HarnessError | None = None
     dead: bool = False
     lost: bool = False              # the heartbeat stopped hearing from it mid-run
+
+
+class Stopped(Exception):
+    """The sweep stopped (Ctrl-C, SIGTERM, --fail-fast) while a run waited to try again: no new attempt."""
 
 
 class Transient(Exception):
@@ -102,7 +107,8 @@ class Executor:
         self.in_flight: dict[str, RunContext] = {}
         self.attempts: dict[str, int] = {}
         self.outcome = Outcome(self.sweep_dir)
-        self.todo: list[RunSpec] = self._resume() if resume else list(sweep.runs)
+        self.resume = resume
+        self.todo: list[RunSpec] = [] if resume else list(sweep.runs)   # resume: found once the lock is ours
         self.started = time.time()
         if resume:
             try:
@@ -113,6 +119,13 @@ class Executor:
     # --- the sweep ---------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        """Run the sweep; raises SweepLocked, before touching anything, when another orchestrator runs it."""
+        with SweepLock(self.sweep_dir):
+            if self.resume:
+                self.todo = self._resume()
+            return self._run_locked()
+
+    def _run_locked(self) -> Outcome:
         self._write_sweep_json(finished=None)
         for spec in self.todo:
             self.journal.append(spec.run_id, "pending", config=spec.config.name)
@@ -185,10 +198,11 @@ class Executor:
         host = state.host
         try:
             transport = connect(host.spec())
-            remote = install(transport, host.workdir)
+            installed = install(transport, host.workdir, host=host.name)
+            host = host.model_copy(update={"workdir": installed.workdir})   # absolute from now on
             python = host.venv + "/bin/python"
             reaped = transport.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
-                                   f"{shlex.quote(remote + '/agent.py')} reap --workdir "
+                                   f"{shlex.quote(installed.tools + '/agent.py')} reap --workdir "
                                    f"{shlex.quote(host.workdir)} --lease-s {self.lease_s}",
                                    timeout=120, check=False).stdout
             if '"pid"' in reaped:
@@ -204,7 +218,7 @@ class Executor:
                              f"{self.sweep.redactor.text(str(e))}")
             self.display.host(host.name, "down" if not state.dead else f"dead: {e.kind}")
             return False
-        state.transport, state.attempts, state.error, state.lost = transport, 0, None, False
+        state.host, state.transport, state.attempts, state.error, state.lost = host, transport, 0, None, False
         self.display.host(host.name, "idle")
         return True
 
@@ -221,11 +235,13 @@ class Executor:
     def _run(self, spec: RunSpec, state: HostState) -> None:
         attempts = tenacity.Retrying(
             stop=tenacity.stop_any(tenacity.stop_after_attempt(self.retries + 1), lambda _: state.lost),
-            wait=tenacity.wait_exponential_jitter(initial=2, max=60),
+            wait=tenacity.wait_exponential_jitter(multiplier=2, max=60),
             retry=tenacity.retry_if_exception_type(Transient),
             sleep=lambda s: self.stop.wait(s), reraise=True)
         try:
             manifest = attempts(self._attempt, spec, state)
+        except Stopped:
+            return   # left for --resume: the run is still pending in the journal, or interrupted
         except Transient as t:
             manifest = t.manifest
             gone = state.lost or manifest["error"]["kind"] == "unreachable"
@@ -241,6 +257,8 @@ class Executor:
         self._finish(spec, state, manifest)
 
     def _attempt(self, spec: RunSpec, state: HostState) -> dict:
+        if self.stop.is_set():   # Ctrl-C came during the backoff before this attempt
+            raise Stopped
         host = state.host
         with self.lock:
             attempt = self.attempts[spec.run_id] = self.attempts.get(spec.run_id, 0) + 1
@@ -375,13 +393,14 @@ class Executor:
 
     def _reconcile(self, spec: RunSpec, host: Host) -> None:
         """A run that was in flight when the orchestrator stopped: stop its server, drop its files."""
-        paths = RunPaths.of(host, self.sweep.sweep_id, spec.run_id)
-        command = (f"if [ -f {shlex.quote(paths.pid_file)} ]; then {shlex.quote(host.venv + '/bin/python')} "
-                   f"{shlex.quote(remote_dir(host.workdir) + '/agent.py')} stop --pid-file {shlex.quote(paths.pid_file)} "
-                   f"--port 1 --timeout 20; fi; rm -rf {shlex.quote(paths.root)}")
         try:
             link = connect(host.spec())
             try:
+                workdir = private_workdir(link, host.workdir, host=host.name)
+                paths = RunPaths.of(host.model_copy(update={"workdir": workdir}), self.sweep.sweep_id, spec.run_id)
+                command = (f"if [ -f {shlex.quote(paths.pid_file)} ]; then {shlex.quote(host.venv + '/bin/python')} "
+                           f"{shlex.quote(remote_dir(workdir) + '/agent.py')} stop --pid-file "
+                           f"{shlex.quote(paths.pid_file)} --port 1 --timeout 20; fi; rm -rf {shlex.quote(paths.root)}")
                 link.run(command, timeout=120, check=False)
             finally:
                 link.close()

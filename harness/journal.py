@@ -1,12 +1,15 @@
 """The journal: an append-only, fsynced record of every run's state changes.
 
 It is the single source of truth for progress: `harness status` and `--resume` read it, never the run
-directories. Each line is one JSON event {t, run_id, state, ...}; a torn last line (a kill mid-write)
-is ignored on read.
+directories. Each line is one JSON event {t, run_id, state, ...}. A line is written whole or not at
+all: a short write (a full disk) is cut off again and raised, so the next line never lands in the
+middle of a torn one. A torn last line left by a kill mid-write is ignored on read and cut off when
+the journal is next opened for writing.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -23,17 +26,45 @@ class Journal:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_torn_tail(self.path)
 
     def append(self, run_id: str, state: str, **fields: Any) -> None:
         assert state in STATES, state
-        line = json.dumps({"t": time.time(), "run_id": run_id, "state": state, **fields}, default=str) + "\n"
+        line = (json.dumps({"t": time.time(), "run_id": run_id, "state": state, **fields}, default=str)
+                + "\n").encode()
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, line.encode())
+                size = os.fstat(fd).st_size
+                try:
+                    written = os.write(fd, line)
+                except OSError:
+                    os.ftruncate(fd, size)
+                    raise
+                if written != len(line):
+                    os.ftruncate(fd, size)
+                    raise OSError(errno.ENOSPC, f"{self.path}: only {written} of {len(line)} bytes written")
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Cut a last line that has no newline (a kill mid-write), so the next one starts whole."""
+    try:
+        with open(path, "rb+") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size == 0:
+                return
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return
+            keep = size - len(tail) + tail.rfind(b"\n") + 1
+            f.truncate(keep if tail.rfind(b"\n") >= 0 or size <= 65536 else size)
+    except FileNotFoundError:
+        return
 
 
 def read_journal(path: Path) -> list[dict]:

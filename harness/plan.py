@@ -35,6 +35,10 @@ class RunSpec:
     hosts: tuple[Host, ...]        # where it may run: the pool's hosts, or the one host of `each`
 
 
+SECRETS_FILE = ".secrets.env"
+"""A run's secret environment on its host (mode 0600): never pulled, removed at every teardown."""
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """Where a run lives on its host."""
@@ -46,7 +50,7 @@ class RunPaths:
 
     def __getattr__(self, name: str) -> str:
         files = {"launch": "launch.sh", "log": "server.log", "pid_file": "server.pid", "lease": "lease",
-                 "secrets_file": ".secrets.env", "profile_dir": "profile", "facts_dir": "facts",
+                 "secrets_file": SECRETS_FILE, "profile_dir": "profile", "facts_dir": "facts",
                  "bench_json": "bench.json"}
         if name in files:
             return f"{self.root}/{files[name]}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,20 @@ def load_run(run_dir: Path) -> dict:
         if key not in manifest or (key == "template" and "files" not in manifest["template"]):
             raise InputError(f"the manifest has no `{key}` record: it was written by an older harness and "
                              "cannot be reproduced from the directory alone", file=str(manifest_path))
+    # a run directory may come from anyone: its names must not lead a write out of the results folder
+    names = [manifest["template"].get("name"), *manifest["template"]["files"]]
+    if not isinstance(manifest.get("run_id"), str) or not SAFE_NAME.match(manifest["run_id"]):
+        raise InputError(f"run_id {manifest.get('run_id')!r} is not a plain name", file=str(manifest_path),
+                         key="run_id")
+    for name in names:
+        if not isinstance(name, str) or not TEMPLATE_NAME.match(name):
+            raise InputError(f"template file name {name!r} is not a plain file name", file=str(manifest_path),
+                             key="template.files")
     return manifest
+
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.j2$")
 
 
 def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) -> Sweep:

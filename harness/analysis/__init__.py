@@ -71,12 +71,15 @@ def _locate(path: Path) -> tuple[list[Path], TraceNaming | None, int | None]:
     if not path.is_dir():
         raise InputError("no such trace file or directory", file=str(path))
     manifest_steps = None
-    if (path / "profile").is_dir():
+    run_dir = path if (path / "manifest.json").is_file() else None
+    if run_dir is not None:
         manifest_steps = _manifest_steps(path / "manifest.json")
         path = path / "profile"
-    found = sorted({p for pattern in TRACE_PATTERNS for p in path.rglob(pattern) if p.is_file()})
+    found = sorted({p for pattern in TRACE_PATTERNS for p in path.rglob(pattern) if p.is_file()}) \
+        if path.is_dir() else []
     if not found:
-        raise InputError(f"no trace files ({', '.join(TRACE_PATTERNS)}) in this directory",
+        said = _profile_said(run_dir / "manifest.json") if run_dir is not None else ""
+        raise InputError(f"no trace files ({', '.join(TRACE_PATTERNS)}) in this directory" + said,
                          file=str(path))
     naming = naming_for(found)
     return _per_rank(found, naming), naming, manifest_steps
@@ -95,6 +98,23 @@ def _per_rank(files: list[Path], naming: TraceNaming | None) -> list[Path]:
 def _numeric(key: tuple[str, ...] | None) -> tuple[int, ...]:
     """A rank key in number order (TP-2 before TP-10); a missing group sorts first."""
     return tuple(int(g) if g and g.isdigit() else -1 for g in key or ())
+
+
+def _profile_said(manifest: Path) -> str:
+    """What the run's manifest records of its profile capture, for a run that brought no traces back."""
+    try:
+        profile = json.loads(manifest.read_text()).get("profile")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(profile, dict):
+        return ": this run captured no profile (profile.mode none, or it failed before profiling)"
+    said = f": the profile is {profile.get('status')}: {profile.get('error') or 'no files'}"
+    answers = profile.get("answers") or []
+    if answers:
+        last = answers[-1]
+        said += f"; the engine's last answer: {last.get('call')} -> {last.get('status', last.get('answer'))} " \
+                f"{str(last.get('body', ''))[:200]!r}"
+    return said + (f" ({profile['hint']})" if profile.get("hint") else "")
 
 
 def _manifest_steps(manifest: Path) -> int | None:

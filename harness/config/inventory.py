@@ -13,12 +13,17 @@ Ansible-shaped, so an existing Ansible inventory works as it is:
 Variables flow down: `all.vars` < parent group vars < child group vars < host vars (host wins); `env`
 mappings merge key by key. The Ansible spellings (`ansible_host`, `ansible_port`, `ansible_user`,
 `ansible_ssh_private_key_file`, `ansible_connection`) are accepted; other `ansible_*` variables are
-Ansible's business and ignored; any other unknown key is an error naming the key and the host.
+Ansible's business: ignored, with a note. Any other key the harness does not know is kept as a
+template variable (`host.vars.NAME`) with a note, except a near miss of a known key (`venvv`), which is
+an error with a "did you mean". An Ansible INI inventory (`[group]`, `[group:vars]`,
+`[group:children]`, `host key=value ...`) loads too: it is read into the same shape first.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+import shlex
 import re
 import sys
 from pathlib import Path
@@ -29,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from harness.config.playbook import ENV_NAME
 from harness.config.yamlfile import Loc, YamlDoc, dotted, load_yaml
 from harness.errors import InputError
+from harness.remote import DEFAULT_WORKDIR
 from harness.transport.base import HostSpec
 
 ALIASES = {
@@ -59,7 +65,9 @@ class Host(BaseModel):
     jump: str | None = Field(None, description="ProxyJump host, user@host:port")
     known_hosts: str | None = Field(None, description="known_hosts file; default ~/.ssh/known_hosts")
     venv: str | None = Field(None, description="Python venv holding the engine; activated for every command")
-    workdir: str = Field("/tmp/harness", description="where runs live on the host")
+    workdir: str = Field(DEFAULT_WORKDIR, description="where runs live on the host: the SSH user's own, private "
+                         "folder (made 0700; refused when another user owns it or others may write in it); "
+                         "~/ is that user's home")
     gpus: int | None = Field(None, ge=0, description="GPU count")
     gpu: str | None = Field(None, description="GPU model, e.g. H200")
     gpu_bandwidth_gbs: float | None = Field(None, gt=0, description="memory bandwidth per GPU in GB/s, for the "
@@ -67,6 +75,8 @@ class Host(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="environment for every server on this host")
     secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")
     groups: tuple[str, ...] = Field((), description="groups the host belongs to (filled by the loader)")
+    vars: dict[str, Any] = Field(default_factory=dict, description="variables the harness does not use "
+                                 "itself (an Ansible inventory's own): template variables, host.vars.NAME")
 
     @field_validator("env", mode="before")
     @classmethod
@@ -139,8 +149,10 @@ def _scalar_str(v):
 
 
 class Inventory:
-    def __init__(self, path: Path, hosts: dict[str, Host], groups: dict[str, list[str]]):
+    def __init__(self, path: Path, hosts: dict[str, Host], groups: dict[str, list[str]],
+                 notes: list[str] | None = None):
         self.path, self.hosts, self.groups = path, hosts, groups
+        self.notes = notes or []   # what was kept or ignored, said once each
 
     def select(self, pattern: str | None, *, what: str = "--limit") -> list[Host]:
         """Hosts matching a host name, group name or glob; several patterns separated by ',' or ':'."""
@@ -168,7 +180,7 @@ class Inventory:
 
 
 def load_inventory(path: Path | str) -> Inventory:
-    doc = load_yaml(path)
+    doc = load_ini(Path(path)) if _is_ini(Path(path)) else load_yaml(path)
     if not isinstance(doc.data, dict):
         raise doc.error((), "an inventory is a mapping of groups (e.g. `all:`)")
     raw_hosts: dict[str, list[tuple[Loc, dict]]] = {}   # host -> var layers, outermost first
@@ -202,8 +214,10 @@ def load_inventory(path: Path | str) -> Inventory:
         walk(str(group), node, (group,), [])
     if not raw_hosts:
         raise doc.error((), "the inventory defines no hosts")
-    hosts = {name: _build_host(doc, name, layers, groups) for name, layers in raw_hosts.items()}
-    return Inventory(doc.path, hosts, groups)
+    notes: dict[str, set[str]] = {}
+    hosts = {name: _build_host(doc, name, layers, groups, notes) for name, layers in raw_hosts.items()}
+    return Inventory(doc.path, hosts, groups, [f"{doc.path}: {what}: {', '.join(sorted(keys))}"
+                                              for what, keys in notes.items()])
 
 
 def _mapping(doc: YamlDoc, value: Any, loc: Loc) -> dict:
@@ -214,21 +228,34 @@ def _mapping(doc: YamlDoc, value: Any, loc: Loc) -> dict:
     return value
 
 
-def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups) -> Host:
-    merged: dict[str, Any] = {}
+KEPT = "kept as template variables (host.vars.NAME), unused by the harness"
+IGNORED = "Ansible connection variables the harness does not use, ignored"
+
+
+def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups,
+                notes: dict[str, set[str]]) -> Host:
+    merged: dict[str, Any] = {"vars": {}}
     origin: dict[str, Loc] = {}
     for loc, layer in layers:
         for key, value in layer.items():
+            key = str(key)
             field = ALIASES.get(key, key)
             if field is None or (key.startswith("ansible_") and key not in ALIASES):
+                notes.setdefault(IGNORED, set()).add(key)
+                continue
+            if field not in Host.model_fields or field in ("name", "groups", "vars"):
+                near = difflib.get_close_matches(key, [*HOST_KEYS, *ALIASES], n=1, cutoff=0.8)
+                if near:
+                    raise InputError(f"unknown host variable {key!r} for host {name!r}: did you mean "
+                                     f"{near[0]!r}?", file=str(doc.path), key=dotted(loc + (key,)),
+                                     line=doc.line(loc + (key,)))
+                merged["vars"][key] = value
+                notes.setdefault(KEPT, set()).add(key)
                 continue
             if field == "transport" and key == "ansible_connection":
                 value = _CONNECTIONS.get(str(value), value)
             if field == "env" and isinstance(value, dict) and isinstance(merged.get("env"), dict):
                 value = {**merged["env"], **value}
-            if field not in Host.model_fields or field in ("name", "groups"):
-                raise InputError(f"unknown host variable {key!r} for host {name!r}", file=str(doc.path),
-                                 key=dotted(loc + (key,)), line=doc.line(loc + (key,)))
             merged[field], origin[field] = value, loc + (key,)
     merged["name"] = name
     merged["groups"] = tuple(g for g, members in groups.items() if name in members)
@@ -240,3 +267,119 @@ def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups)
         loc = origin.get(field, layers[-1][0])
         raise doc.error(loc, f"host {name!r}: {err['msg']}") from None
 
+
+
+HOST_KEYS = [f for f in Host.model_fields if f not in ("name", "groups", "vars")]
+
+
+def _is_ini(path: Path) -> bool:
+    """An Ansible INI inventory: named .ini / .cfg, or with no YAML suffix and `[group]` lines."""
+    if path.suffix in (".ini", ".cfg"):
+        return True
+    if path.suffix in (".yaml", ".yml", ".json"):
+        return False
+    try:
+        first = next((line.strip() for line in path.read_text().splitlines()
+                      if line.strip() and not line.lstrip().startswith(("#", ";"))), "")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return first.startswith("[")
+
+
+def load_ini(path: Path) -> YamlDoc:
+    """An Ansible INI inventory as the YAML shape, with the line of every host and variable."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError("file not found", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read: {e}", file=str(path)) from None
+    groups: dict[str, dict] = {"all": {}}
+    lines: dict[Loc, int] = {}
+    parents: dict[str, str] = {}
+    section, kind = "ungrouped", "hosts"
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            if not line.endswith("]"):
+                raise InputError("a section header is `[group]`, `[group:vars]` or `[group:children]`",
+                                 file=str(path), line=number)
+            section, _, kind = line[1:-1].partition(":")
+            kind = kind or "hosts"
+            if kind not in ("hosts", "vars", "children"):
+                raise InputError(f"unknown section kind {kind!r} (vars or children)", file=str(path), line=number)
+            groups.setdefault(section, {})
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as e:
+            raise InputError(f"cannot read this line: {e}", file=str(path), line=number) from None
+        group = groups.setdefault(section, {})
+        if kind == "vars":
+            key, eq, value = line.partition("=")
+            if not eq:
+                raise InputError("a [group:vars] line is `name=value`", file=str(path), line=number)
+            group.setdefault("vars", {})[key.strip()] = _ini_value(value.strip())
+            lines[(section, "vars", key.strip())] = number
+        elif kind == "children":
+            parents[words[0]] = section
+            groups.setdefault(words[0], {})
+            lines[(section, "children", words[0])] = number
+        else:
+            host, pairs = words[0], words[1:]
+            values = {}
+            for pair in pairs:
+                key, eq, value = pair.partition("=")
+                if not eq:
+                    raise InputError(f"host {host!r}: expected key=value, got {pair!r}", file=str(path), line=number)
+                values[key] = _ini_value(value)
+                lines[(section, "hosts", host, key)] = number
+            group.setdefault("hosts", {})[host] = values
+            lines[(section, "hosts", host)] = number
+    tree = _ini_tree(groups, parents)
+    return YamlDoc(path, tree, {_ini_loc(loc, parents): n for loc, n in lines.items()})
+
+
+def _ini_value(text: str) -> Any:
+    """Ansible reads INI values as Python literals where they are one (8, true, "quoted")."""
+    unquoted = text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" else None
+    if unquoted is not None:
+        return unquoted
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def _ini_tree(groups: dict[str, dict], parents: dict[str, str]) -> dict:
+    """Nest each group under its parent (children sections); the rest under `all`."""
+    def node(name: str) -> dict:
+        out = {k: v for k, v in groups[name].items() if k in ("vars", "hosts")}
+        kids = {child: node(child) for child, parent in parents.items() if parent == name}
+        if kids:
+            out["children"] = kids
+        return out
+    top = {name for name in groups if name != "all" and name not in parents}
+    root = node("all")
+    root.setdefault("children", {}).update({name: node(name) for name in sorted(top)})
+    return {"all": root}
+
+
+def _ini_loc(loc: Loc, parents: dict[str, str]) -> Loc:
+    """The YAML-shaped path of an INI location: all.children.parent.children.group..."""
+    group, rest = str(loc[0]), loc[1:]
+    chain = [group]
+    while chain[0] in parents:
+        chain.insert(0, parents[chain[0]])
+    path: tuple = ("all",)
+    for g in chain:
+        if g != "all":
+            path += ("children", g)
+    return path + rest

@@ -165,7 +165,8 @@ References = Annotated[dict[str, dict[str, Union[Reference, dict[int, Reference]
 
 
 class Playbook(Strict):
-    name: str
+    name: str = Field(description="the sweep's name; sweep ids begin with it (letters, digits, '.', '_', '-')",
+                      pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     hosts: str = Field(description="group, host name or glob from the inventory")
     engine: str = Field(description="a registered engine: sglang, vllm, sim (the simulator) or openai (any "
                         "OpenAI-compatible server, by template)")

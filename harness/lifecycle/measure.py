@@ -17,6 +17,17 @@ from harness.lifecycle.context import RunContext
 from harness.lifecycle.server import alive_check, server_alive
 
 
+def prompt_file(ctx: RunContext) -> str:
+    """The playbook's prompt in a file beside the run, uploaded once: a command line cannot carry a
+    prompt of hundreds of KB (the kernel's limit is 128 KiB a word), and one starting with `-` would
+    be read as an option."""
+    path = f"{ctx.paths.root}/prompt.txt"
+    if not ctx.record.get("prompt_file"):
+        ctx.transport.put(ctx.sweep.playbook.benchmark.prompt.encode("utf-8"), path, mode=0o600)
+        ctx.record["prompt_file"] = path
+    return path
+
+
 def bench(ctx: RunContext) -> None:
     b, q = ctx.sweep.playbook.benchmark, shlex.quote
     words = ["--url", ctx.base_url, "--model", ctx.sweep.playbook.model.name, "--api", b.api,
@@ -24,7 +35,7 @@ def bench(ctx: RunContext) -> None:
              "--max-tokens", b.max_tokens, "--timeout", b.timeout_s, "--out", ctx.paths.bench_json]
     if b.requests:
         words += ["--requests", b.requests]
-    words += ["--prompt", b.prompt] if b.prompt else ["--prompt-tokens", b.prompt_tokens or 16]
+    words += ["--prompt-file", prompt_file(ctx)] if b.prompt else ["--prompt-tokens", b.prompt_tokens or 16]
     words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
     if b.extra_body:
         words += ["--extra-body", json.dumps(b.extra_body)]
@@ -69,7 +80,7 @@ def profile(ctx: RunContext) -> dict:
         spec = capture | {"ranks": engine.ranks(ctx.rendered.args), "naming": asdict(engine.traces)}
         args += ["--spec", json.dumps(spec, separators=(",", ":"))]
     if pb.benchmark.prompt:
-        args += ["--prompt", pb.benchmark.prompt]
+        args += ["--prompt-file", prompt_file(ctx)]
     if not pb.benchmark.ignore_eos:
         args.append("--no-ignore-eos")
     if pb.benchmark.extra_body:

@@ -21,6 +21,7 @@ from harness.lifecycle.context import RunContext
 from harness.lifecycle.measure import bench, profile
 from harness.lifecycle.preflight import preflight
 from harness.lifecycle.server import launch, teardown, wait_healthy
+from harness.plan import SECRETS_FILE
 from harness.render import BUILTIN_TEMPLATES
 from harness.results import atomic_write, write_json
 
@@ -41,8 +42,8 @@ def execute(ctx: RunContext) -> dict:
         launched = False
         try:
             with ctx.phase("launch"):
+                launched = True   # from the first byte sent: secrets or a server may be on the host now
                 launch(ctx)
-                launched = True
             with ctx.phase("health"):
                 wait_healthy(ctx)
             with ctx.phase("bench"):
@@ -57,7 +58,18 @@ def execute(ctx: RunContext) -> dict:
         error = e
     if error is None or error.kind not in UNREACHABLE:
         error = _collect(ctx, error)
+    if error is None:
+        _clean_up(ctx)
     return _manifest(ctx, error, profile_record, started)
+
+
+def _clean_up(ctx: RunContext) -> None:
+    """Everything of a good run is here now: its folder on the host goes (a failed run's stays, for
+    whoever looks into it there)."""
+    try:
+        ctx.sh(f"rm -rf {shlex.quote(ctx.paths.root)}", timeout=300, check=False)
+    except HarnessError as e:
+        ctx.record.setdefault("warnings", []).append(f"cleaning up on the host: {e}")
 
 
 def _teardown(ctx: RunContext) -> None:
@@ -73,7 +85,7 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
     try:
         with ctx.phase("collect"):
             _room_for(ctx)
-            pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600,
+            pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600, exclude=(SECRETS_FILE,),
                                         max_bytes=int(max_mb * 1e6) if max_mb else None)
         ctx.record["collected"] = {"files": pulled.files, "bytes": pulled.bytes, "sha256": pulled.sha256,
                                    "skipped": list(pulled.skipped)}

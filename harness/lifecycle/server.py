@@ -28,18 +28,23 @@ def launch(ctx: RunContext) -> int:
     watch = ctx.agent_command("watch", "--pid-file", paths.pid_file, "--lease", paths.lease,
                               "--lease-s", ctx.lease_s)
     # the script comes on stdin: one round trip for writing it and starting it
-    command = (f"cd {root} && cat > launch.sh.tmp && chmod 755 launch.sh.tmp && mv launch.sh.tmp launch.sh && "
-               "rm -f server.exit server.pid watchdog.pid && touch lease && "
-               "{ setsid bash -c 'echo $$ >server.pid; bash launch.sh >server.log 2>&1 </dev/null; "
+    # server.pid holds the wrapper's pid, start time and boot id (agent.py read_pid): a reused pid is
+    # never taken for ours. Files are removed before they are written, so no planted link is followed.
+    command = (f"cd {root} && rm -f launch.sh.tmp && cat > launch.sh.tmp && chmod 755 launch.sh.tmp && "
+               "mv launch.sh.tmp launch.sh && rm -f server.exit server.pid watchdog.pid lease && : > lease && "
+               "{ setsid bash -c 'read -r s </proc/$$/stat; set -- ${s##*) }; "
+               "echo \"$$ ${20} $(cat /proc/sys/kernel/random/boot_id)\" >server.pid; "
+               "bash launch.sh >server.log 2>&1 </dev/null; "
                "echo $? >server.exit' >/dev/null 2>&1 </dev/null & } && "
                f"{{ setsid {watch} >watchdog.log 2>&1 </dev/null & }} && "
                "for _ in $(seq 100); do [ -s server.pid ] && break; sleep 0.05; done; cat server.pid")
     out = ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode()).stdout
-    words = out.split()
-    if not words or not words[-1].isdigit():
+    lines = out.strip().splitlines()
+    words = lines[-1].split() if lines else []
+    if len(words) != 3 or not words[0].isdigit():
         raise ctx.fail("launch", f"the launch wrapper on {ctx.host.name} wrote no server pid within 5 s "
                        f"(is {paths.root} writable, and bash and setsid there?)", output=out[-2000:])
-    pid = int(words[-1])
+    pid = int(words[0])
     ctx.record["server_pid"] = pid
     return pid
 
@@ -73,7 +78,7 @@ def wait_healthy(ctx: RunContext) -> float:
 def alive_check(ctx: RunContext) -> str:
     """Shell that prints `alive` while the launch wrapper runs (no exit code written, not a zombie:
     some inits never reap), else `gone`."""
-    return (f"( cd {shlex.quote(ctx.paths.root)} && pid=$(cat server.pid) && [ ! -e server.exit ] && "
+    return (f"( cd {shlex.quote(ctx.paths.root)} && read -r pid _ < server.pid && [ ! -e server.exit ] && "
             "kill -0 \"$pid\" 2>/dev/null && ! grep -q ') Z' \"/proc/$pid/stat\" ) && echo alive || echo gone")
 
 

@@ -17,6 +17,7 @@ Python >= 3.9, no third-party imports: it must run in whatever venv the host has
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -102,11 +103,50 @@ def pid_alive(pid: int) -> bool:
 
 
 def read_pid(path: str) -> int | None:
+    """The pid a pid file records, if it still names the process (or process group) we started.
+
+    A pid file holds `PID START BOOT`: the process's start time (field 22 of /proc/PID/stat, in clock
+    ticks since boot) and the boot id. Pids are reused: after a reboot, or once the group has emptied,
+    the same number can name an unrelated job, and signalling it killed two of them in an audit. So a
+    pid whose start time or boot differs is stale, and so is a record without them. While any member of
+    a group lives, Linux gives its number to no new process: a recorded group leader that is gone
+    (no /proc/PID) still names our group, whose members may linger."""
     try:
         with open(path) as f:
-            return int(f.read().split()[0])
+            words = f.read().split()
+        pid = int(words[0])
     except (OSError, ValueError, IndexError):
         return None
+    if len(words) < 3 or words[2] != boot_id():
+        return None
+    started = start_time(pid)
+    return pid if started is None or started == words[1] else None
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (after the command, which may hold spaces and parentheses)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def write_pid(path: str, pid: int) -> None:
+    """A pid file with the identity `read_pid` checks, written without following a planted link."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{pid} {start_time(pid)} {boot_id()}\n")
+    os.replace(tmp, path)
 
 
 def port_listeners(port: int) -> list[dict]:
@@ -244,6 +284,10 @@ def cmd_stop(a) -> int:
     while port_open(a.bind, a.port) and time.monotonic() < deadline:
         time.sleep(0.2)
     out["group_alive"] = bool(pid and group_alive(pid))
+    if not out["group_alive"]:   # a later reap or stop must not find a pid that may be reused
+        for name in ("server.pid", "watchdog.pid"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(os.path.dirname(a.pid_file), name))
     out["port_closed"] = not port_open(a.bind, a.port)
     if not out["port_closed"]:
         out["port_holders"] = port_listeners(a.port)
@@ -277,6 +321,15 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+SECRETS_FILE = ".secrets.env"   # the harness's name for a run's secret environment (harness/plan.py)
+
+
+def remove_secrets(run_dir: str) -> None:
+    """A stopped server's secrets have no reason to stay on the host."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(run_dir, SECRETS_FILE))
+
+
 def lease_age(path: str) -> float:
     try:
         return time.time() - os.stat(path).st_mtime
@@ -291,8 +344,7 @@ def cmd_watch(a) -> int:
     sleeps, the touches stop and the GPUs are freed `lease_s` later instead of never.
     """
     run_dir = os.path.dirname(os.path.abspath(a.pid_file))
-    with open(os.path.join(run_dir, "watchdog.pid"), "w") as f:
-        f.write(f"{os.getpid()}\n")
+    write_pid(os.path.join(run_dir, "watchdog.pid"), os.getpid())
     deadline = time.monotonic() + 60
     while read_pid(a.pid_file) is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -303,6 +355,7 @@ def cmd_watch(a) -> int:
             print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} lease {a.lease} not renewed for {age:.0f} s "
                   f"(limit {a.lease_s:g} s): stopping server process group {pgid}", flush=True)
             print(f"sent {stop_group(pgid, 30)}", flush=True)
+            remove_secrets(run_dir)
             return 0
         time.sleep(min(1.0, a.lease_s / 10))
     return 0
@@ -311,13 +364,16 @@ def cmd_watch(a) -> int:
 def cmd_reap(a) -> int:
     """Stop servers and watchdogs of earlier sweeps under `workdir` whose lease has lapsed."""
     stopped = []
-    for pid_file in glob.glob(os.path.join(a.workdir, "*", "*", "server.pid")):
-        run_dir = os.path.dirname(pid_file)
-        pgid = read_pid(pid_file)
-        if not pgid or not group_alive(pgid) or lease_age(os.path.join(run_dir, "lease")) <= a.lease_s:
-            continue
-        stopped.append({"run_dir": run_dir, "pid": pgid, "signal": stop_group(pgid, 30)})
-        stop_group(read_pid(os.path.join(run_dir, "watchdog.pid")), 5)
+    runs = {os.path.dirname(p) for name in ("server.pid", SECRETS_FILE)
+            for p in glob.glob(os.path.join(a.workdir, "*", "*", name))}
+    for run_dir in sorted(runs):
+        if lease_age(os.path.join(run_dir, "lease")) <= a.lease_s:
+            continue   # its orchestrator is still there
+        pgid = read_pid(os.path.join(run_dir, "server.pid"))
+        if pgid and group_alive(pgid):
+            stopped.append({"run_dir": run_dir, "pid": pgid, "signal": stop_group(pgid, 30)})
+            stop_group(read_pid(os.path.join(run_dir, "watchdog.pid")), 5)
+        remove_secrets(run_dir)
     return emit({"stopped": stopped})
 
 
@@ -471,6 +527,9 @@ def engine_capture(a, spec: dict, out: dict, deadline: float) -> tuple[dict[str,
 
 
 def cmd_profile(a) -> int:
+    if a.prompt_file:
+        with open(a.prompt_file, encoding="utf-8") as f:
+            a.prompt = f.read()
     os.makedirs(a.dir, exist_ok=True)
     start = time.monotonic()
     deadline = start + a.timeout
@@ -549,6 +608,7 @@ def main(argv=None) -> int:
     f.add_argument("--num-steps", type=int, default=10)
     f.add_argument("--concurrency", type=int, default=1)
     f.add_argument("--prompt", default="Hello")
+    f.add_argument("--prompt-file", default="", help="a file holding the prompt (UTF-8)")
     f.add_argument("--max-tokens", type=int, default=64)
     f.add_argument("--timeout", type=float, default=600.0)
     f.add_argument("--stable-s", type=float, default=1.0)

@@ -749,6 +749,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", help="a file holding the prompt (UTF-8), for prompts a command line "
+                     "cannot carry (hundreds of KB, or starting with '-')")
     src.add_argument("--prompt-tokens", type=int,
                      help=f"a synthetic prompt of N words (default {DEFAULT_PROMPT_WORDS})")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
@@ -778,6 +780,13 @@ def failures(result: dict, max_share: float = 0.0) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                args.prompt = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"bench.py: error: cannot read --prompt-file: {e}", file=sys.stderr)
+            return 2
     try:
         result = run_benchmark(
             args.url, args.model, concurrency=args.concurrency, requests=args.requests, warmup=args.warmup,

@@ -25,6 +25,7 @@ from rich.text import Text
 from harness.analysis.roofline import format_efficiency, roofline_for
 from harness.errors import InputError
 from harness.report.analysis_view import decode_scope, short_name
+from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
 from harness.results import find_sweeps, load_runs, read_json
 
@@ -89,6 +90,7 @@ def _row(config: str, concurrency: int | None, runs: list[tuple[dict, dict | Non
     row["roofline"] = roof and {k: roof[k] for k in ("gpu", "bandwidth_gbs", "bandwidth_source", "gpus",
                                                      "context_tokens", "weight_bytes", "kv_bytes")}
     row["analysis"] = _analysis(ok or runs)
+    row["profile_warning"] = next((w for m, _ in runs if (w := profile_warning(m))), None)
     return row
 
 
@@ -172,6 +174,7 @@ def table(rows: list[dict], *, title: str = "configurations"):
         t.add_row(*cells, style="red" if (row.get("error") and not row["ok"]) or row.get("misses") else None)
     parts = [t]
     problems = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
+    problems += [f"{r['config']}: {r['profile_warning']}" for r in rows if r.get("profile_warning")]
     problems += [f"reference missed: {m['message']}" for r in rows for m in r.get("misses") or []]
     if problems:
         parts.append(Text("\n".join(dict.fromkeys(problems)), style="red"))

@@ -16,6 +16,16 @@ from rich.table import Table
 from rich.text import Text
 
 
+def profile_warning(manifest: dict) -> str | None:
+    """What to tell about a profile that is not `ok` (its benchmark stands): the engine's answer."""
+    profile = manifest.get("profile") or {}
+    if not profile or profile.get("status") in ("ok", None):
+        return None
+    why = profile.get("error") or "no trace came back"
+    hint = f" ({profile['hint']})" if profile.get("hint") else ""
+    return f"profile {profile['status']}: {why}{hint}"
+
+
 class Display:
     def __init__(self, console: Console | None):
         self.console = console
@@ -73,6 +83,9 @@ class Display:
         error = manifest.get("error") or {}
         self.log(f"[{host}] {manifest['run_id']}: {manifest['status']} in {seconds:.0f} s"
                  + (f" ({error.get('kind')}: {error.get('message')})" if error else ""))
+        warning = profile_warning(manifest)
+        if warning:
+            self.log(f"[{host}] {manifest['run_id']}: warning: {warning}")
 
     def eta_s(self) -> float | None:
         left = self.total - self.done_count

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from harness.errors import InputError
 from harness.journal import read_journal
+from harness.lock import describe, holder
 from harness.results import find_sweeps, read_json
 
 STYLE = {"ok": "green", "failed": "red", "running": "yellow", "retry": "yellow", "interrupted": "magenta",
@@ -37,7 +38,8 @@ def sweep_status(path: Path) -> dict:
             run["started"] = event["t"]
         if event["state"] in ("ok", "failed") and "started" in run:
             run["seconds"] = event["t"] - run["started"]
-    if info.get("finished"):  # the sweep ended without hearing back from these: the process died
+    running = holder(sweep_dir)
+    if info.get("finished") or running is None:  # no orchestrator hears back from these: they are lost
         for run in runs.values():
             if run["state"] in ("running", "retry"):
                 run["state"] = "lost"
@@ -49,7 +51,9 @@ def sweep_status(path: Path) -> dict:
     active = max(1, counts.get("running", 0))
     eta = sum(durations) / len(durations) * left / active if durations and left and not info.get("finished") else None
     return {"sweep_id": info.get("sweep_id", sweep_dir.name), "dir": str(sweep_dir), "started": info.get("started"),
-            "finished": info.get("finished"), "counts": counts, "runs": list(runs.values()), "eta_s": eta}
+            "finished": info.get("finished"), "orchestrator": running, "counts": counts,
+            "runs": list(runs.values()), "eta_s": eta,
+            "state": "running" if running is not None else "finished" if info.get("finished") else "stopped"}
 
 
 def render(status: dict):
@@ -63,6 +67,7 @@ def render(status: dict):
                   str(r.get("attempt", "")), f"{took:.0f} s" if took else "",
                   r.get("error_kind") or r.get("reason") or "")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(status["counts"].items()))
-    state = "finished" if status["finished"] else "running or stopped"
+    state = {"running": f"running: {describe(status['orchestrator'])}", "finished": "finished",
+             "stopped": "stopped before the end: finish it with `harness sweep PLAYBOOK --resume`"}[status["state"]]
     eta = f"; about {status['eta_s'] / 60:.0f} min left" if status["eta_s"] else ""
     return Group(t, Text(f"{len(status['runs'])} runs: {counts} ({state}{eta})", style="bold"))

@@ -81,9 +81,10 @@ class Transport(Protocol):
         ...
 
     def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
-             max_bytes: int | None = None) -> Pulled:
+             max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:
         """Copy `remote_dir` into `local_dir` (merging), all or nothing: regular files and
-        directories only, never a link or a name outside `local_dir`. Over `max_bytes`: TooLarge."""
+        directories only, never a link or a name outside `local_dir`, never a top-level name in
+        `exclude` (it is not even read on the host). Over `max_bytes`: TooLarge."""
         ...
 
     def close(self) -> None:

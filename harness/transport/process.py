@@ -78,9 +78,9 @@ class ProcessTransport:
         return result
 
     def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
-             max_bytes: int | None = None) -> Pulled:
+             max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:
         deadline = time.monotonic() + timeout
-        command = tarpull.tar_command(remote_dir, compress=self.compress_pulls)
+        command = tarpull.tar_command(remote_dir, compress=self.compress_pulls, exclude=exclude)
         label = f"{self.host.name}:{remote_dir}"
         proc = None
         try:

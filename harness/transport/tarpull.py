@@ -17,6 +17,7 @@ import errno
 import hashlib
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -58,7 +59,7 @@ class Refused(RemoteError):
     kind = "collect"
 
 
-def tar_command(remote_dir: str, *, compress: bool) -> str:
+def tar_command(remote_dir: str, *, compress: bool, exclude: tuple[str, ...] = ()) -> str:
     """The command that writes `remote_dir` to stdout as a tar stream, zstd-compressed if asked.
 
     GNU tar exits 1 when a file changed while it was read (a log still being written); the archive
@@ -70,7 +71,8 @@ def tar_command(remote_dir: str, *, compress: bool) -> str:
     is slower than the link it would spare, so a host without zstd sends plain tar. `Staging.extract`
     tells the two apart by the stream's first bytes.
     """
-    tar = f"{{ tar -C {shell_path(remote_dir)} -cf - . || [ $? -eq 1 ]; }}"
+    skip = "".join(f" --exclude={shlex.quote('./' + name)}" for name in exclude)
+    tar = f"{{ tar -C {shell_path(remote_dir)}{skip} -cf - . || [ $? -eq 1 ]; }}"
     if not (compress and ZSTD):
         return tar
     return (f"set -o pipefail; {tar} | "
@@ -195,8 +197,8 @@ class Staging:
             finally:
                 unzstd.close()
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise
+            if isinstance(e, TimeoutError) or e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise   # our own deadline, or our own disk: not the host's doing
             raise Refused(f"pulling {self.label}: cannot extract what the host sent ({e})") from e
         except (ValueError, OverflowError, EOFError, UnicodeError) as e:
             raise Refused(f"pulling {self.label}: cannot extract what the host sent ({e})") from e

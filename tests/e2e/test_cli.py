@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 import pytest
+import yaml
 
 from tests.conftest import harness
 from tests.e2e.test_sweep import _free_port
@@ -84,6 +86,32 @@ def test_check_reports_each_host_and_what_is_wrong_with_it(tmp_path, ssh_invento
     run = harness("check", "-i", ssh_inventory(venv=str(venv)), "--limit", "node1", "--engine", "vllm")
     assert run.returncode == 1
     assert "cannot import vllm" in " ".join(run.stdout.split())
+
+
+STAND_IN_NVIDIA_SMI = """#!/bin/sh
+# prints what nvidia-smi 580 prints for these queries on a host with four H100s and nothing running
+case "$1" in
+  --query-gpu=*) for i in 0 1 2 3; do echo "$i, NVIDIA H100 80GB HBM3, 0, 81559"; done ;;
+esac
+"""
+
+
+def test_check_fails_when_the_inventory_declares_other_gpus_than_the_host_has(tmp_path, remote_venv):
+    """nvidia-smi cannot run here (no GPU): a stand-in prints its real output format for four H100s,
+    while the inventory says eight H200s. The check must fail naming both differences."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(STAND_IN_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpu-box": {
+        "transport": "local", "venv": str(remote_venv), "workdir": str(tmp_path / "work"), "gpus": 8,
+        "gpu": "H200"}}}}))
+    run = harness("check", "-i", inventory, "--engine", "sglang", "--port", str(_free_port()),
+                  env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    said = " ".join(run.stdout.split())
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "declares gpus: 8, nvidia-smi shows 4" in said and "declares gpu: H200, nvidia-smi shows NVIDIA H100" in said
 
 
 def test_check_names_the_process_holding_the_port(tmp_path, ssh_inventory, sim_server):

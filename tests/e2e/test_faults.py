@@ -5,6 +5,7 @@ Each test names its case. The sweep runs as a user runs it: the `harness` comman
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -106,6 +107,30 @@ def test_case10_a_killed_orchestrator_leaves_no_server_and_resume_reruns_only_th
     assert [e["run_id"] for e in journal(out) if e["state"] == "ok"] == ["first-1", "second-1"]
 
 
+def test_case33_a_second_orchestrator_is_refused_and_status_tells_running_from_stopped(tmp_path, ssh_inventory):
+    """While a sweep runs, a second `--resume` would stop its servers and rerun its runs: it is refused
+    with who holds the sweep, before it touches any host. `status` says who runs it; once that process
+    is killed, `status` says stopped (and exits 1: the run in flight is lost) and `--resume` takes over."""
+    pb = playbook(tmp_path, profile="none", configs=[{"name": "slow", "env": {"HARNESS_SIM_TIME_SCALE": "1"}}])
+    inv, out = ssh_inventory(), tmp_path / "r"
+    proc = start_sweep(pb, inv, out)
+    try:
+        assert wait_until(lambda: out.exists() and listening(port_of(pb)), 120), proc.communicate(timeout=5)
+        second = harness("sweep", pb, "-i", inv, "-o", out, "--resume")
+        assert second.returncode == 1 and f"is being run by pid {proc.pid}" in second.stderr, second.stderr
+        assert listening(port_of(pb))                       # the first orchestrator's server untouched
+        status = harness("status", out)
+        assert status.returncode == 0 and f"running: pid {proc.pid}" in status.stdout, status.stdout
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    status = harness("status", out)
+    assert status.returncode == 1 and "stopped before the end" in status.stdout and "lost" in status.stdout
+    resumed = harness("sweep", pb, "-i", inv, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert harness("status", out).returncode == 0
+
+
 def test_case12_killed_at_random_points_and_resumed_gives_the_exact_result_set(tmp_path, ssh_inventory):
     configs = [{"name": f"c{i}"} for i in range(3)]
     pb = playbook(tmp_path, profile="none", configs=configs)
@@ -166,6 +191,23 @@ def test_case34_a_server_that_hangs_mid_benchmark_is_a_failed_run_never_ok(tmp_p
     assert "3/6" in run.stdout     # the comparison shows it too
 
 
+def test_case32_ctrl_c_during_a_retry_backoff_starts_no_new_attempt(tmp_path, ssh_inventory):
+    """The backoff between attempts ends at once on Ctrl-C; the attempt after it used to start anyway,
+    with a server that outlived exit 130."""
+    pb = playbook(tmp_path, profile="none", configs=[{"name": "crashy", "env": {"HARNESS_SIM_FAULT": "crash_after=1"}}])
+    inv, out = ssh_inventory(), tmp_path / "r"
+    proc = start_sweep(pb, inv, out, "--retries", "3")
+    assert wait_until(lambda: listening(port_of(pb)), 120), "attempt 1 never served"
+    assert wait_until(lambda: not listening(port_of(pb)), 120), "attempt 1 never crashed"
+    time.sleep(0.5)                              # its teardown, then the backoff (2 s or more) before attempt 2
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    time.sleep(3)                                # long enough for a wrongly started attempt to listen
+    assert not listening(port_of(pb))
+    attempts = [e.get("attempt") for e in journal(out) if e["state"] == "running"]
+    assert attempts == [1], journal(out)
+
+
 def test_case14_health_that_never_passes_is_a_startup_timeout_with_the_log_tail(tmp_path, ssh_inventory):
     pb = playbook(tmp_path, profile="none", configs=[{"name": "stuck", "env": {"HARNESS_SIM_FAULT": "never_healthy"}}])
     data = yaml.safe_load(pb.read_text())
@@ -212,3 +254,30 @@ def test_case18_a_full_local_disk_accepts_nothing_half_written(tmp_path, ssh_inv
     assert "ok" not in states  # the journal never claims what the disk could not hold
     for m in root.glob("runs/*/manifest.json"):
         json.loads(m.read_text())  # whatever is there is whole
+
+
+def test_case31_a_journal_line_on_a_full_disk_is_written_whole_or_not_at_all(small_disk):
+    """tmpfs takes what fits of a write and stops (a short write): that part is cut off again, so the
+    next line starts on a line of its own; a torn tail left by a kill is cut when the journal reopens."""
+    from harness.journal import Journal, read_journal
+    path = small_disk / "journal.jsonl"
+    journal_ = Journal(path)
+    journal_.append("a-1", "ok")
+    filler = small_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):        # the disk fills up...
+        while os.write(fd, b"x" * 4096):
+            pass
+    os.ftruncate(fd, max(0, os.fstat(fd).st_size - 8192))   # ...leaving 8 KB, less than the next line
+    os.close(fd)
+    f_size = filler.stat().st_size
+    with pytest.raises(OSError):
+        journal_.append("b-1", "failed", note="y" * 20000)
+    assert path.read_bytes().endswith(b"\n") and [e["run_id"] for e in read_journal(path)] == ["a-1"]
+    filler.unlink()
+    journal_.append("c-1", "ok")
+    assert [e["run_id"] for e in read_journal(path)] == ["a-1", "c-1"] and f_size > 0
+    with open(path, "ab") as f:
+        f.write(b'{"t": 1, "run_id": "d-1", "sta')   # a kill mid-write
+    Journal(path).append("e-1", "ok")
+    assert [e["run_id"] for e in read_journal(path)] == ["a-1", "c-1", "e-1"]

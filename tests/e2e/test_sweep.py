@@ -174,6 +174,12 @@ def test_a_profiler_that_answers_500_keeps_the_benchmark_and_says_what_it_answer
     assert m["status"] == "ok" and m["profile"]["status"] == "failed"
     assert "HTTP 500" in m["profile"]["error"] and "stayed empty" in m["profile"]["error"]
     assert m["profile"]["missing_ranks"] == 1 and m["profile"]["ranks_found"] == 0
+    assert "p-1: warning: profile failed: the engine answered POST /start_profile with HTTP 500" in run.stderr
+    compared = harness("compare", sweep_dir(tmp_path / "r"))
+    assert "p: profile failed: the engine answered" in " ".join(compared.stdout.split())
+    analyzed = harness("analyze", sweep_dir(tmp_path / "r") / "runs" / "p-1")
+    said = " ".join(analyzed.stderr.split())
+    assert analyzed.returncode == 2 and "the profile is failed" in said and "POST /start_profile -> 500" in said
 
 
 def test_shell_metacharacters_and_secrets_pass_literally_and_stay_secret(tmp_path, ssh_inventory):

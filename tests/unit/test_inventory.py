@@ -73,12 +73,62 @@ def test_a_limit_matching_nothing_names_what_exists(inv):
         load_inventory(inv).select("nope")
 
 
-def test_an_unknown_host_variable_names_the_key_the_host_and_the_line(tmp_path):
-    path = write(tmp_path, "all:\n  hosts:\n    a:\n      address: x\n      gpu_count: 8\n")
+def test_a_near_miss_of_a_known_variable_names_it_the_host_and_the_line(tmp_path):
+    path = write(tmp_path, "all:\n  hosts:\n    a:\n      address: x\n      venvv: /opt/v\n")
     with pytest.raises(InputError) as e:
         load_inventory(path)
-    assert "gpu_count" in str(e.value) and "'a'" in str(e.value)
+    assert "'venvv'" in str(e.value) and "'a'" in str(e.value) and "did you mean 'venv'?" in str(e.value)
     assert e.value.line == 5 and e.value.file == str(path)
+
+
+def test_an_ansible_inventorys_own_variables_are_kept_or_ignored_each_with_one_note(inv, tmp_path):
+    path = write(tmp_path, "all:\n  vars: {datacenter: lab-3, ansible_become: true}\n"
+                           "  hosts:\n    a: {rack: 12}\n    b: {ansible_python_interpreter: /usr/bin/python3}\n")
+    inventory = load_inventory(path)
+    assert inventory.hosts["a"].vars == {"datacenter": "lab-3", "rack": 12}
+    assert inventory.hosts["b"].vars == {"datacenter": "lab-3"}
+    assert sorted(inventory.notes) == [
+        f"{path}: Ansible connection variables the harness does not use, ignored: ansible_become, "
+        "ansible_python_interpreter",
+        f"{path}: kept as template variables (host.vars.NAME), unused by the harness: datacenter, rack"]
+
+
+INI = """\
+# an Ansible INI inventory, as `ansible-inventory` reads it
+bastion.lab ansible_user=jump
+
+[h200]
+h200-01 ansible_host=10.0.0.1 ansible_port=2222
+h200-02 ansible_host=10.0.0.2 gpu="NVIDIA H200"
+
+[h200:vars]
+gpus=8
+venv=/opt/venv
+
+[gpu:children]
+h200
+
+[gpu:vars]
+user=root
+"""
+
+
+def test_an_ini_inventory_loads_with_groups_children_and_vars(tmp_path):
+    path = tmp_path / "hosts.ini"
+    path.write_text(INI)
+    inventory = load_inventory(path)
+    h1, h2 = inventory.hosts["h200-01"], inventory.hosts["h200-02"]
+    assert (h1.address, h1.port, h1.user, h1.gpus, h1.venv) == ("10.0.0.1", 2222, "root", 8, "/opt/venv")
+    assert h2.gpu == "NVIDIA H200" and inventory.hosts["bastion.lab"].user == "jump"
+    assert [h.name for h in inventory.select("gpu")] == ["h200-01", "h200-02"]
+
+
+def test_a_mistake_in_an_ini_inventory_names_its_line(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("[gpu]\nbox-1 ansible_host=10.0.0.1\nbox-2 gpus=eight\n")
+    with pytest.raises(InputError) as e:
+        load_inventory(path)
+    assert e.value.line == 3 and "box-2" in str(e.value)
 
 
 def test_a_wrong_type_names_the_host_and_the_line_of_the_value(tmp_path):
