@@ -53,6 +53,10 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
           limit: Limit = None,
           jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="runs in flight at once")] = None,
           resume: Annotated[bool, typer.Option("--resume", help="continue the latest sweep of this playbook")] = False,
+          retry_failed: Annotated[bool, typer.Option("--retry-failed", help="with --resume: run the failed "
+                                                     "runs again too (a host fixed overnight)")] = False,
+          accept_changes: Annotated[bool, typer.Option("--accept-changes", help="with --resume: go on though "
+                                                       "the playbook changed (what is left runs with the new settings)")] = False,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="show the plan; touch no host")] = False,
           retries: Annotated[int, typer.Option(min=0, help="extra attempts after a transient failure")] = 1,
           host_retries: Annotated[int, typer.Option(min=0, help="reconnections to an unreachable host, "
@@ -76,14 +80,23 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
             raise InputError(f"expected HH:MM, got {deadline!r}", key="--deadline") from None
     sw = load_sweep(playbook, inventory, limit=limit)
     _notes(sw.inventory)
+    if (retry_failed or accept_changes) and not resume:
+        raise InputError("--retry-failed and --accept-changes go with --resume", key="--resume")
     if resume:
         sw.sweep_id = latest_sweep(output, sw.playbook.name).name
+    if dry_run and resume:
+        from harness.resume import plan_resume
+        left = plan_resume(sw, output / sw.sweep_id, retry_failed=retry_failed, accept_changes=accept_changes)
+        out.print(f"--resume of {sw.sweep_id} would run {len(left.todo)} of {len(sw.runs)} runs: "
+                  + (", ".join(s.run_id for s in left.todo) or "none"))
+        return
     if dry_run:
         return _print_plan(sw, "table")
     out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}"
               + (" (resumed)" if resume else ""))
     outcome = Executor(sw, output, jobs=jobs, display=Display(err), fail_fast=fail_fast, retries=retries,
                        deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
+                       retry_failed=retry_failed, accept_changes=accept_changes,
                        argv=sys.argv[1:]).run()
     if outcome.manifests:
         out.print(table(collect([outcome.sweep_dir]), title=f"{sw.sweep_id}"))

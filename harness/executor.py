@@ -32,13 +32,14 @@ import tenacity
 import harness
 from harness.config.inventory import Host
 from harness.errors import HarnessError
-from harness.journal import FINAL, Journal, latest_states
+from harness.journal import Journal, latest_states
 from harness.lock import SweepLock
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.run import execute
 from harness.lifecycle.server import stop_command
 from harness.plan import RunPaths, RunSpec, Sweep
 from harness.remote import install, private_workdir, remote_dir
+from harness.resume import fingerprint, plan_resume, run_inputs
 from harness.report.live import Display
 from harness.results import atomic_write, read_json, write_json, write_summary
 from harness.transport import connect
@@ -93,7 +94,7 @@ class Executor:
     def __init__(self, sweep: Sweep, results: Path, *, jobs: int | None = None, display: Display | None = None,
                  fail_fast: bool = False, retries: int = 1, deadline: dt.datetime | None = None,
                  lease_s: float = 60.0, host_retries: int = 5, resume: bool = False,
-                 argv: list[str] | None = None):
+                 retry_failed: bool = False, accept_changes: bool = False, argv: list[str] | None = None):
         self.sweep, self.fail_fast, self.retries = sweep, fail_fast, retries
         self.deadline, self.lease_s, self.argv = deadline, lease_s, argv or []
         self.host_attempts = host_retries + 1
@@ -107,7 +108,8 @@ class Executor:
         self.in_flight: dict[str, RunContext] = {}
         self.attempts: dict[str, int] = {}
         self.outcome = Outcome(self.sweep_dir)
-        self.resume = resume
+        self.resume, self.retry_failed, self.accept_changes = resume, retry_failed, accept_changes
+        self.kept_runs: list[str] = []
         self.todo: list[RunSpec] = [] if resume else list(sweep.runs)   # resume: found once the lock is ours
         self.started = time.time()
         if resume:
@@ -245,11 +247,12 @@ class Executor:
         except Transient as t:
             manifest = t.manifest
             gone = state.lost or manifest["error"]["kind"] == "unreachable"
-            if gone and self._others_alive(spec, state):
-                # the host went away under us: set it aside, let another host run this again
+            if gone:
+                # the host went away under us: its next run waits for it with the host backoff
                 if state.transport is not None:
                     state.transport.close()
                 state.transport, state.attempts = None, state.attempts + 1
+            if gone and self._others_alive(spec, state):   # another host runs this one again
                 self.journal.append(spec.run_id, "retry", host=state.host.name,
                                     error_kind=manifest["error"]["kind"])
                 self._give_back(spec)
@@ -374,21 +377,28 @@ class Executor:
 
     def _resume(self) -> list[RunSpec]:
         """The runs still to do; finished runs keep their files, runs in flight are reconciled."""
+        plan = plan_resume(self.sweep, self.sweep_dir, retry_failed=self.retry_failed,
+                           accept_changes=self.accept_changes)
         states = latest_states(self.journal.path)
         todo = []
         for spec in self.sweep.runs:
-            last = states.get(spec.run_id, {})
-            if last.get("state") in FINAL:
+            if spec.run_id in plan.done:
                 try:
                     self.outcome.manifests.append(read_json(self.sweep_dir / "runs" / spec.run_id /
                                                             "manifest.json"))
                     continue
                 except (OSError, ValueError):
                     pass  # journaled as finished but its manifest is gone: run it again
+            last = states.get(spec.run_id, {})
             if last.get("state") in ("running", "interrupted") and last.get("host") in self.hosts:
                 self._reconcile(spec, self.hosts[last["host"]].host)
             shutil.rmtree(self.sweep_dir / "runs" / spec.run_id, ignore_errors=True)
             todo.append(spec)
+        for run_id in plan.removed:
+            self.display.log(f"{run_id}: no longer in the playbook; its results are kept")
+        for run_id, diff in plan.changed.items():
+            self.display.log(f"{run_id}: the playbook changed ({'; '.join(diff)}); accepted")
+        self.kept_runs = plan.removed
         return todo
 
     def _reconcile(self, spec: RunSpec, host: Host) -> None:
@@ -447,6 +457,16 @@ class Executor:
                 self.display.log(f"[{ctx.host.name}] could not stop {ctx.run.run_id}: {e}")
             self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name)
 
+    def _kept_records(self) -> list[dict]:
+        """sweep.json's entries of runs an edited playbook no longer has: their results stay."""
+        if not self.kept_runs:
+            return []
+        try:
+            before = read_json(self.sweep_dir / "sweep.json").get("runs", [])
+        except (OSError, ValueError):
+            return []
+        return [r for r in before if r.get("run_id") in self.kept_runs]
+
     def _write_sweep_json(self, finished: float | None) -> None:
         sweep, redact = self.sweep, self.sweep.redactor
         write_json(self.sweep_dir / "sweep.json", redact.data({
@@ -454,8 +474,9 @@ class Executor:
             "playbook_path": str(sweep.doc.path), "playbook": sweep.playbook.model_dump(mode="json"),
             "inventory_path": str(sweep.inventory.path),
             "hosts": [h.public(redact) for h in sweep.hosts],
-            "runs": [{"run_id": r.run_id, "config": r.config.name, "hosts": [h.name for h in r.hosts]}
-                     for r in sweep.runs],
+            "runs": [{"run_id": r.run_id, "config": r.config.name, "hosts": [h.name for h in r.hosts],
+                      "inputs": (inputs := run_inputs(sweep, r)), "fingerprint": fingerprint(inputs)}
+                     for r in sweep.runs] + self._kept_records(),
             "argv": self.argv, "started": self.started, "finished": finished}))
 
 

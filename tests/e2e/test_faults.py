@@ -281,3 +281,40 @@ def test_case31_a_journal_line_on_a_full_disk_is_written_whole_or_not_at_all(sma
         f.write(b'{"t": 1, "run_id": "d-1", "sta')   # a kill mid-write
     Journal(path).append("e-1", "ok")
     assert [e["run_id"] for e in read_journal(path)] == ["a-1", "c-1", "e-1"]
+
+
+def test_case35_resuming_an_edited_playbook_is_refused_with_the_differences(tmp_path, ssh_inventory):
+    """A resumed sweep must not mix two experiments: a changed input is refused, with what changed,
+    unless accepted; --retry-failed runs the failed runs again; added configurations run; a removed one
+    keeps its results; --resume --dry-run lists only what would run."""
+    inv, out = ssh_inventory(), tmp_path / "r"
+    pb = playbook(tmp_path, profile="none", configs=[
+        {"name": "a"}, {"name": "b", "env": {"HARNESS_SIM_FAULT": "oom_at_start"}}])
+    first = harness("sweep", pb, "-i", inv, "-o", out)
+    assert first.returncode == 1 and {k: m["status"] for k, m in manifests(out).items()} == {"a-1": "ok", "b-1": "failed"}
+    a_manifest = sweep_dir(out) / "runs" / "a-1" / "manifest.json"
+    a_written = a_manifest.stat().st_mtime_ns
+
+    data = yaml.safe_load(pb.read_text())
+    data["benchmark"]["max_tokens"] = 16
+    pb.write_text(yaml.safe_dump(data, sort_keys=False))
+    refused = harness("sweep", pb, "-i", inv, "-o", out, "--resume")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "the playbook changed" in said and "benchmark.max_tokens: 12 -> 16" in said
+
+    data["configs"][1]["env"] = {}
+    data["configs"].append({"name": "c"})
+    pb.write_text(yaml.safe_dump(data, sort_keys=False))
+    dry = harness("sweep", pb, "-i", inv, "-o", out, "--resume", "--retry-failed", "--accept-changes", "--dry-run")
+    assert dry.returncode == 0 and "would run 2 of 3 runs: b-1, c-1" in " ".join(dry.stdout.split()), dry.stdout
+    resumed = harness("sweep", pb, "-i", inv, "-o", out, "--resume", "--retry-failed", "--accept-changes")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert {k: m["status"] for k, m in manifests(out).items()} == {"a-1": "ok", "b-1": "ok", "c-1": "ok"}
+    assert a_manifest.stat().st_mtime_ns == a_written                  # finished under its own inputs
+
+    data["configs"] = data["configs"][1:]
+    pb.write_text(yaml.safe_dump(data, sort_keys=False))
+    again = harness("sweep", pb, "-i", inv, "-o", out, "--resume")
+    assert again.returncode == 0 and "a-1: no longer in the playbook; its results are kept" in again.stderr
+    assert a_manifest.exists() and "a-1" in {r["run_id"] for r in json.loads(
+        (sweep_dir(out) / "sweep.json").read_text())["runs"]}

@@ -1,0 +1,95 @@
+"""What `--resume` does with a sweep that stopped: which runs are left, and whether the playbook it is
+resumed with is still the one the finished runs were measured with.
+
+Each run's inputs are everything of the playbook that reaches that run (the model, server, benchmark
+and profile settings, its configuration, the template's text), recorded in sweep.json as a
+fingerprint. Resuming with an edited playbook would mix results of two different experiments in one
+comparison, so a run whose inputs changed is refused, with the differences, unless the user accepts
+them (`--accept-changes`: runs not yet finished use the new inputs; finished ones keep theirs, which
+their manifests record). Added configurations simply run; removed ones keep their results and are
+named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import InputError
+from harness.journal import latest_states
+from harness.plan import RunSpec, Sweep
+from harness.results import read_json
+
+NOT_INPUTS = ("configs", "repeat", "placement", "hosts", "references", "name")
+"""Playbook keys that do not change what a run measures (where it runs is placement, not input)."""
+
+
+def run_inputs(sweep: Sweep, spec: RunSpec) -> dict[str, Any]:
+    """The inputs of one run, as plain data (secrets as the redactor shows them)."""
+    pb = sweep.playbook.model_dump(mode="json", exclude=set(NOT_INPUTS))
+    config = spec.config.model_dump(mode="json")
+    config.pop("description", None)
+    data = {"playbook": pb, "config": config, "repeat": spec.repeat,
+            "template": hashlib.sha256(sweep.template.read_bytes()).hexdigest()}
+    return sweep.redactor.data(data)
+
+
+def fingerprint(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class ResumePlan:
+    todo: list[RunSpec]                                   # runs to (re)run, in playbook order
+    done: list[str] = field(default_factory=list)         # finished runs left alone
+    removed: list[str] = field(default_factory=list)      # in the sweep before, not in the playbook now
+    changed: dict[str, list[str]] = field(default_factory=dict)   # run -> differences, when accepted
+
+
+def plan_resume(sweep: Sweep, sweep_dir: Path, *, retry_failed: bool = False,
+                accept_changes: bool = False) -> ResumePlan:
+    """The runs a resume would do, from the journal and sweep.json alone (touches no host)."""
+    states = latest_states(sweep_dir / "journal.jsonl")
+    try:
+        recorded = read_json(sweep_dir / "sweep.json")
+    except (OSError, ValueError):
+        recorded = {}
+    before = {r["run_id"]: r for r in recorded.get("runs", [])}
+    final = ("ok",) if retry_failed else ("ok", "failed")
+    plan = ResumePlan(todo=[])
+    for spec in sweep.runs:
+        inputs = run_inputs(sweep, spec)
+        old = before.get(spec.run_id)
+        if old and old.get("inputs") is not None and fingerprint(inputs) != old.get("fingerprint"):
+            plan.changed[spec.run_id] = differences(old["inputs"], inputs)
+        finished = states.get(spec.run_id, {}).get("state") in final
+        if finished and (spec.run_id not in plan.changed or accept_changes):
+            plan.done.append(spec.run_id)   # changed and accepted: it keeps the inputs its manifest records
+        else:
+            plan.todo.append(spec)
+    plan.removed = [run_id for run_id in before if run_id not in {s.run_id for s in sweep.runs}]
+    if plan.changed and not accept_changes:
+        lines = [f"  {run_id}: {'; '.join(diff)}" for run_id, diff in plan.changed.items()]
+        raise InputError("the playbook changed since this sweep started; its results would mix two "
+                         "experiments:\n" + "\n".join(lines) + "\nresume with --accept-changes to run what is "
+                         "left with the new settings, or start a new sweep", key="--resume")
+    return plan
+
+
+def differences(old: Any, new: Any, where: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            path = f"{where}.{key}" if where else str(key)
+            if key not in new:
+                out.append(f"{path} removed")
+            elif key not in old:
+                out.append(f"{path} added: {json.dumps(new[key])}")
+            else:
+                out += differences(old[key], new[key], path)
+        return out
+    return [] if old == new else [f"{where}: {json.dumps(old)} -> {json.dumps(new)}"]
