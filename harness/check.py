@@ -40,6 +40,7 @@ def check_host(host: Host, engine: str, port: int | None) -> HostCheck:
         return HostCheck(host.name, False, [f"{e.kind}: {e}"])
     try:
         installed = install(t, host.workdir, host=host.name)
+        venv = installed.resolve(venv)
         python = f"{venv}/bin/python"
         res = t.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
                     f"{shlex.quote(installed.tools + '/agent.py')} probe --module {shlex.quote(eng.module)} "

@@ -43,6 +43,7 @@ from harness.resume import fingerprint, plan_resume, run_inputs
 from harness.report.live import Display
 from harness.results import atomic_write, read_json, write_json, write_summary
 from harness.transport import connect
+from harness.transport.tarpull import remove_stale_staging
 
 TRANSIENT = frozenset({"unreachable", "timeout", "collect", "server_died"})
 FATAL_HOST = frozenset({"host_key", "auth", "preflight"})   # never better on a second try
@@ -201,7 +202,8 @@ class Executor:
         try:
             transport = connect(host.spec())
             installed = install(transport, host.workdir, host=host.name)
-            host = host.model_copy(update={"workdir": installed.workdir})   # absolute from now on
+            host = host.model_copy(update={"workdir": installed.workdir,     # absolute from now on
+                                           "venv": installed.resolve(host.venv)})
             python = host.venv + "/bin/python"
             reaped = transport.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
                                    f"{shlex.quote(installed.tools + '/agent.py')} reap --workdir "
@@ -267,6 +269,7 @@ class Executor:
             attempt = self.attempts[spec.run_id] = self.attempts.get(spec.run_id, 0) + 1
         local_dir = self.sweep_dir / "runs" / spec.run_id
         shutil.rmtree(local_dir, ignore_errors=True)  # a partial earlier attempt: never mixed into this one
+        remove_stale_staging(local_dir)               # and what a pull killed with the orchestrator left
         local_dir.mkdir(parents=True)
         ctx = RunContext(self.sweep, spec, host, state.transport, self.sweep.render(spec, host), local_dir,
                          remote_dir(host.workdir), lease_s=self.lease_s,

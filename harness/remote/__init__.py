@@ -41,20 +41,31 @@ def remote_dir(workdir: str) -> str:
 class Installed:
     workdir: str        # absolute, checked private
     tools: str          # where agent.py, bench.py and torchprof.py are
+    home: str           # the SSH user's home there: what a leading `~/` of a host's paths means
+
+    def resolve(self, path: str | None) -> str | None:
+        """A host path with a leading `~/` made absolute (quoted paths keep `~` literally otherwise)."""
+        if path and (path == "~" or path.startswith("~/")):
+            return self.home.rstrip("/") + path[1:]
+        return path
 
 
 def private_workdir(transport, workdir: str, *, host: str) -> str:
     """The workdir as an absolute path, created 0700 when missing; refused when someone else owns it or
     others may write in it."""
+    return _private(transport, workdir, host=host)[0]
+
+
+def _private(transport, workdir: str, *, host: str) -> tuple[str, str]:
     d = shell_path(workdir)
     command = (f'mkdir -p -m 700 {d} && d=$(cd {d} && pwd -P) && owner=$(stat -c %u "$d") && '
                f'mode=$(stat -c %a "$d") && if [ "$owner" != "$(id -u)" ]; then '
                f'echo {_FOREIGN} "$(stat -c %U "$d")" "$d"; elif [ $((0$mode & 022)) -ne 0 ]; then '
-               f'echo {_OPEN} "$mode" "$d"; else echo {_OK} "$d"; fi')
+               f'echo {_OPEN} "$mode" "$d"; else printf "%s\\n" "$HOME"; echo {_OK} "$d"; fi')
     out = transport.run(command, timeout=60).stdout.strip().splitlines()
     words = out[-1].split(" ", 2) if out else []
-    if words[:1] == [_OK] and len(words) == 2:
-        return words[1]
+    if words[:1] == [_OK] and len(words) == 2 and len(out) >= 2:
+        return words[1], out[-2]
     if words[:1] == [_FOREIGN]:
         raise RemoteError(f"the workdir {words[2]} belongs to {words[1]}, not to the SSH user: anyone who "
                           "owns it could replace the harness's agent. Choose a workdir of your own "
@@ -69,7 +80,7 @@ def private_workdir(transport, workdir: str, *, host: str) -> str:
 
 def install(transport, workdir: str, *, host: str = "") -> Installed:
     """Make sure of the workdir, upload the agent and the client under it and check what landed."""
-    workdir = private_workdir(transport, workdir, host=host)
+    workdir, home = _private(transport, workdir, host=host)
     where = remote_dir(workdir)
     for name, data in payload().items():
         transport.put(data, f"{where}/{name}")
@@ -79,4 +90,4 @@ def install(transport, workdir: str, *, host: str = "") -> Installed:
     if wrong:
         raise RemoteError(f"the uploaded {', '.join(wrong)} in {where} differ from what was sent: something "
                           "on the host changed them; refusing to run them", host=host, kind="preflight")
-    return Installed(workdir, where)
+    return Installed(workdir, where, home)

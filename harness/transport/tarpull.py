@@ -153,6 +153,20 @@ class _Unzstd:
             pipe.close()
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_staging(local_dir: Path) -> None:
+    """Staging folders a killed pull left beside `local_dir` (`.NAME.pull-*`): never a result."""
+    for stale in Path(local_dir).parent.glob(f".{Path(local_dir).name}.pull-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 class Staging:
     """A temporary directory beside `local_dir` that a tar stream is extracted into.
 
@@ -237,6 +251,8 @@ class Staging:
                 written += len(chunk)
                 if written % (64 << 20) < len(chunk):  # every 64 MB: the host's word on sizes is not ours
                     self._check_room()
+            out.flush()
+            os.fsync(out.fileno())   # on the disk before the run is journaled as collected
         os.chmod(path, member.mode)
         if math.isfinite(member.mtime):  # a pax header can say mtime=nan
             os.utime(path, (member.mtime, member.mtime))
@@ -267,14 +283,17 @@ class Staging:
                            f"for what is coming ({coming / 1e9:.2f} GB more): make room")
 
     def commit(self) -> Pulled:
-        """Move the extracted tree into `local_dir` (merging if it exists)."""
+        """Move the extracted tree into `local_dir` (merging if it exists), the renames on the disk."""
         if not self.local_dir.exists():
             os.rename(self.tmp, self.local_dir)
+            _fsync_dir(self.local_dir.parent)
         else:
             for rel in self._files:
                 dest = self.local_dir / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(self.tmp / rel, dest)
+            for folder in {(self.local_dir / rel).parent for rel in self._files}:
+                _fsync_dir(folder)
         return Pulled(files=len(self._files), bytes=sum(size for _, size in self._files.values()),
                       sha256={rel: digest for rel, (digest, _) in self._files.items()},
                       skipped=tuple(self.skipped))

@@ -30,17 +30,21 @@ def sweep(tmp_path, inventory, **extra):
                    "-i", inventory, "-o", tmp_path / "r")
 
 
-def test_the_default_workdir_is_the_ssh_users_own_private_folder(tmp_path, ssh_inventory):
+def test_the_default_workdir_is_the_ssh_users_own_private_folder(tmp_path, ssh_inventory, remote_venv):
+    """`~/` in workdir and venv is the SSH user's home on the host (quoted, it would be a folder named ~)."""
     name = f"harness-test-{secrets.token_hex(4)}"
     home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    (home / f"{name}-venv").symlink_to(remote_venv)
     try:
-        run = sweep(tmp_path, ssh_inventory(workdir=f"~/{name}"))
+        run = sweep(tmp_path, ssh_inventory(workdir=f"~/{name}", venv=f"~/{name}-venv"))
         assert run.returncode == 0, run.stdout + run.stderr
         m = manifests(tmp_path / "r")["one-1"]
         assert m["host"]["workdir"] == str(home / name)            # resolved on the host, absolute
+        assert m["host"]["venv"] == str(home / f"{name}-venv")
         assert stat.S_IMODE((home / name).stat().st_mode) == 0o700
     finally:
         shutil.rmtree(home / name, ignore_errors=True)
+        (home / f"{name}-venv").unlink()
 
 
 @pytest.mark.parametrize("mode, owner, why", [
