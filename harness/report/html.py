@@ -70,9 +70,11 @@ def _charts(rows: list[dict], runs: list, colors: dict[str, str]) -> dict[str, M
             charts[metric] = plots.box_chart(groups, colors, xlabel=label)
     analysed = {r["config"]: r["analysis"] for r in rows if r.get("analysis")}
     if analysed:
+        decode = all(a.get("stage") == "decode" for a in analysed.values())
         charts["categories"] = plots.stacked_bars(
             [(name, a["categories"], f"{_num(a.get('per_step_ms'))} ms/step" if a.get("per_step_ms") else "")
-             for name, a in analysed.items()], xlabel="share of GPU kernel time")
+             for name, a in analysed.items()],
+            xlabel="share of GPU kernel time" + (" in decode steps" if decode else ""))
     return {k: Markup(v) for k, v in charts.items()}
 
 
@@ -84,6 +86,7 @@ def _kernels(rows: list[dict]) -> list[dict]:
         if a and r["config"] not in out:
             top = (a.get("top") or [{}])[0]
             out[r["config"]] = {"config": r["config"], "per_step_ms": a.get("per_step_ms"),
+                                "stage": a.get("stage") or "all steps",
                                 "top": top.get("name") or "–", "short": short_name(top.get("name") or "–"),
                                 "share": top.get("share")}
     return list(out.values())
