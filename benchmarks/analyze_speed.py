@@ -179,7 +179,8 @@ def _table(results: list[dict]) -> str:
                       f"{r['hta']['tree_mb'] / r['harness']['tree_mb']:.1f}x", "yes" if not r["problems"] else "NO")
                      for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+    return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
                      for row in rows)
 
 

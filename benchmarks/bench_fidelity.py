@@ -20,6 +20,7 @@ Each figure is the median of `--repeats` runs, with its spread [min, max]. The g
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -31,7 +32,6 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "harness" / "remote" / "bench.py"
@@ -60,32 +60,32 @@ class OutOfTime(Exception):
 class Measured:
     """What one client reported for one run, in ms, and what the run cost it."""
 
-    ttft: List[float]
-    itl: List[float]
-    tpot: List[float]
+    ttft: list[float]
+    itl: list[float]
+    tpot: list[float]
     cpu_s: float
     failed: int = 0
-    hot_us: Optional[float] = None   # the client's own CPU per chunk while streaming (bench.json)
+    hot_us: float | None = None   # the client's own CPU per chunk while streaming (bench.json)
 
 
 @dataclass
 class Row:
     level: str
     client: str
-    itl_err: List[float] = field(default_factory=list)
-    ttft_over: List[float] = field(default_factory=list)
-    tpot_err: List[float] = field(default_factory=list)
-    cpu_us: List[float] = field(default_factory=list)
-    hot_us: List[float] = field(default_factory=list)
-    true_itl_p99: List[float] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
+    itl_err: list[float] = field(default_factory=list)
+    ttft_over: list[float] = field(default_factory=list)
+    tpot_err: list[float] = field(default_factory=list)
+    cpu_us: list[float] = field(default_factory=list)
+    hot_us: list[float] = field(default_factory=list)
+    true_itl_p99: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class Fidelity:
     def __init__(self, args: argparse.Namespace, work: Path):
         self.args, self.work = args, work
         self.deadline = time.monotonic() + args.time_limit
-        self.tokenizer: Optional[Path] = None
+        self.tokenizer: Path | None = None
 
     def left(self) -> float:
         left = self.deadline - time.monotonic()
@@ -147,13 +147,13 @@ class Fidelity:
         # dumped, so TPOT comes from its summary
         return Measured(ttft, itl, [result["median_tpot_ms"]], cpu, len(result["errors"]) - len(ok))
 
-    def cpu_of(self, command: List[str]) -> float:
+    def cpu_of(self, command: list[str]) -> float:
         before = os.times()
         self.run_plain(command)
         after = os.times()
         return (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
-    def run_plain(self, command: List[str]) -> None:
+    def run_plain(self, command: list[str]) -> None:
         try:
             proc = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.work,
                                   timeout=self.left(),
@@ -172,7 +172,7 @@ class Fidelity:
         run = sorted((e for e in self.get("/emissions") if e["recv_ns"] >= since), key=lambda e: e["recv_ns"])
         # the warm-up request: ours is the first one in (same length); bench_serving's is 32 tokens long
         true = run[1:] if client == "harness" else [e for e in run if e["max_tokens"] == self.args.max_tokens]
-        true_itl = [(b - a) / 1e6 for e in true for a, b in zip(e["chunk_ns"], e["chunk_ns"][1:])]
+        true_itl = [(b - a) / 1e6 for e in true for a, b in itertools.pairwise(e["chunk_ns"])]
         true_ttft = [(e["chunk_ns"][0] - e["recv_ns"]) / 1e6 for e in true]
         true_tpot = [(e["chunk_ns"][-1] - e["chunk_ns"][0]) / 1e6 / (e["tokens"] - 1) for e in true]
         if m.failed or len(true) != concurrency or len(m.itl) != len(true_itl):
@@ -193,30 +193,30 @@ class Fidelity:
 
 # ---------------------------------------------------------------------- the report
 
-def spread(values: List[float], fmt: str = "{:.2f}") -> str:
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
     if not values:
         return "-"
     return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
 
 
-def med(values: List[float]) -> Optional[float]:
+def med(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def table(rows: List[Row]) -> str:
+def table(rows: list[Row]) -> str:
     head = ("streams", "client", "ITL p99 err ms", "TTFT p50 over ms", "TPOT p50 err ms", "CPU us/chunk",
             "streaming us/chunk", "true ITL p99 ms")
     lines = [[r.level, r.client, spread(r.itl_err), spread(r.ttft_over), spread(r.tpot_err, "{:.3f}"),
               spread(r.cpu_us, "{:.1f}"), spread(r.hot_us, "{:.1f}"), spread(r.true_itl_p99)] for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-    out = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)) for line in [head, *lines]]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
+    out = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)) for line in [head, *lines]]
     for r in rows:
         out += [f"  note ({r.level}, {r.client}): {n}" for n in sorted(set(r.notes))]
     return "\n".join(out)
 
 
-def verdict(rows: Dict[tuple, Row], have_bs: bool) -> str:
-    def err(level: str, client: str) -> Optional[float]:
+def verdict(rows: dict[tuple, Row], have_bs: bool) -> str:
+    def err(level: str, client: str) -> float | None:
         r = rows.get((level, client))
         return None if r is None or not r.itl_err else statistics.median(abs(x) for x in r.itl_err)
 
@@ -263,7 +263,7 @@ def main() -> int:
           f"{args.max_tokens} tokens, {args.repeats} repeats", flush=True)
     if not have_bs:
         print("note: bench_serving skipped (pass --bench-serving-python PY, a venv with sglang and tokenizers)")
-    rows: Dict[tuple, Row] = {}
+    rows: dict[tuple, Row] = {}
     clients = ["harness"] + (["bench_serving"] if have_bs else [])
     with tempfile.TemporaryDirectory(prefix="bench-fidelity-") as tmp:
         fid = Fidelity(args, Path(tmp))

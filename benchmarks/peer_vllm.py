@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     for c in levels:
         h, v = results[c]["harness"], results[c]["vllm"]
         med = lambda rows, k: statistics.median(x[k] for x in rows)  # noqa: E731
-        ratio = statistics.median(x["tok_s"] / y["tok_s"] for x, y in zip(h, v))
+        ratio = statistics.median(x["tok_s"] / y["tok_s"] for x, y in zip(h, v, strict=True))
         tpot_diff = (med(h, "tpot") - med(v, "tpot")) / med(v, "tpot") * 100
         print(f"{c:>4}  {med(h, 'tok_s'):>13.1f}  {med(v, 'tok_s'):>10.1f}  {ratio:>6.3f}  {med(h, 'tpot'):>7.3f}"
               f"  {med(v, 'tpot'):>7.3f}  {tpot_diff:>8.2f}%  {med(v, 'itl'):>6.3f}  {med(h, 'itl_token'):>9.3f}"

@@ -162,7 +162,7 @@ def measure(case: str, repeats: int, sshd: Sshd, work: Path) -> dict[str, float]
         spread = ", ".join(f"{size / MB / t:.0f}" for t in timings[name])
         print(f"{case:13} {name:12} {rate:7.1f} MB/s  (median of {repeats}: {spread})  {size / MB:.1f} MB")
     for name in ("harness", "harness-warm"):
-        rounds = [scp / ours for ours, scp in zip(timings[name], timings["scp"])]
+        rounds = [scp / ours for ours, scp in zip(timings[name], timings["scp"], strict=True)]
         rates[f"{name}/scp"] = statistics.median(rounds)
         print(f"{case:13} {name}/scp = {rates[f'{name}/scp']:.2f}x  (rounds: {', '.join(f'{r:.2f}' for r in rounds)})")
     return rates

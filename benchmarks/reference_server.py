@@ -24,11 +24,11 @@ selector, non-blocking sockets, every chunk's bytes encoded once at start. Run i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import selectors
 import socket
 import time
-from typing import Dict, List, Optional
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
         b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
@@ -40,7 +40,7 @@ def _chunk(event: dict) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def _choice(chat: bool, text: Optional[str], finish: Optional[str] = None) -> dict:
+def _choice(chat: bool, text: str | None, finish: str | None = None) -> dict:
     if chat:
         return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -83,7 +83,7 @@ class Stream:
         prompt = body.get("prompt") if not chat else " ".join(m.get("content", "") for m in body["messages"])
         self.prompt = len(str(prompt).split())
         self.sent = 0
-        self.chunk_ns: List[int] = []
+        self.chunk_ns: list[int] = []
         self.pending = b""
         self.stalled = 0        # chunks whose bytes did not all fit in the socket at their step
 
@@ -96,9 +96,9 @@ class Server:
         self.sel.register(self.listener, selectors.EVENT_READ)
         self.step_s, self.ttft_s = itl_ms / 1000, ttft_ms / 1000
         self.wire = Wire(tokens_per_chunk)
-        self.inbox: Dict[socket.socket, bytes] = {}
-        self.batch: List[Stream] = []
-        self.finished: List[dict] = []
+        self.inbox: dict[socket.socket, bytes] = {}
+        self.batch: list[Stream] = []
+        self.finished: list[dict] = []
 
     def serve_forever(self) -> None:
         next_step = time.monotonic() + self.step_s
@@ -176,11 +176,9 @@ class Server:
     @staticmethod
     def _reply(sock: socket.socket, body: bytes, status: bytes = b"200 OK") -> None:
         sock.setblocking(True)
-        try:
+        with contextlib.suppress(OSError):
             sock.sendall(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                          b"connection: close\r\n\r\n%s" % (status, len(body), body))
-        except OSError:
-            pass
         sock.close()
 
     def _drop(self, sock: socket.socket) -> None:
@@ -222,10 +220,8 @@ class Server:
                 self._send(s, tail + wire.done)
                 if s.pending:  # rare: flush the rest blocking rather than cut the stream short
                     s.sock.setblocking(True)
-                    try:
+                    with contextlib.suppress(OSError):
                         s.sock.sendall(s.pending)
-                    except OSError:
-                        pass
             s.sock.close()
             self.finished.append({"recv_ns": s.recv_ns, "max_tokens": s.max_tokens, "tokens": s.sent,
                                   "chunk_ns": s.chunk_ns, "stalled": s.stalled, "completed": alive})
@@ -242,10 +238,8 @@ def main() -> None:
     args = p.parse_args()
     server = Server(args.port, args.itl_ms, args.ttft_ms, args.tokens_per_chunk)
     print(f"reference server on http://127.0.0.1:{server.listener.getsockname()[1]}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def generate(path: Path, *, mb: float, layout: str = "torch", seed: int = 0, ran
 class _Generator:
     def __init__(self, path: Path, *, layout: str, seed: int, rank: int, python_share: float):
         self.path, self.layout, self.rank = Path(path), layout, rank
-        self.raw: BinaryIO = open(self.path, "wb")
+        self.raw: BinaryIO = open(self.path, "wb")  # noqa: SIM115  (the generator owns the file: close() closes it)
         self.out: BinaryIO = (gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=3)
                               if self.path.name.endswith(".gz") else self.raw)
         self.rng = random.Random(seed * 7919 + rank)

@@ -35,7 +35,7 @@ def trim(text: str, *, steps: int, prefix: str) -> tuple[str, dict]:
     if len(events) != len(json.loads(text)["traceEvents"]):
         raise ValueError("not Kineto's layout: the events do not split on their separators")
     t0, t1 = _window(events, steps, prefix)
-    kept = [piece for piece, ev in zip(pieces, events)
+    kept = [piece for piece, ev in zip(pieces, events, strict=True)
             if ev.get("ph") == "M" or (ev.get("cat") != "python_function" and t0 <= ev.get("ts", -1) <= t1)]
     out = text[:begin] + _SEPARATOR.join(kept) + text[end:]
     spans = [ev for ev in events if t0 <= ev.get("ts", -1) <= t1 and ev.get("name", "").startswith(prefix)]

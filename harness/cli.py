@@ -10,7 +10,7 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -24,7 +24,7 @@ out = Console()
 err = Console(stderr=True)
 
 Inventory = Annotated[Path, typer.Option("-i", "--inventory", help="inventory file")]
-Limit = Annotated[Optional[str], typer.Option("--limit", help="hosts: a name, a group or a glob")]
+Limit = Annotated[str | None, typer.Option("--limit", help="hosts: a name, a group or a glob")]
 Format = Annotated[str, typer.Option("--format", help="table or json")]
 
 
@@ -51,17 +51,18 @@ def exits(fn):
 def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
           output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results"),
           limit: Limit = None,
-          jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="runs in flight at once")] = None,
+          jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="runs in flight at once")] = None,
           resume: Annotated[bool, typer.Option("--resume", help="continue the latest sweep of this playbook")] = False,
           retry_failed: Annotated[bool, typer.Option("--retry-failed", help="with --resume: run the failed "
                                                      "runs again too (a host fixed overnight)")] = False,
           accept_changes: Annotated[bool, typer.Option("--accept-changes", help="with --resume: go on though "
-                                                       "the playbook changed (what is left runs with the new settings)")] = False,
+                                                       "the playbook changed (what is left runs with the new "
+                                                       "settings)")] = False,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="show the plan; touch no host")] = False,
           retries: Annotated[int, typer.Option(min=0, help="extra attempts after a transient failure")] = 1,
           host_retries: Annotated[int, typer.Option(min=0, help="reconnections to an unreachable host, "
                                                     "with backoff from 5 s to 5 min")] = 5,
-          deadline: Annotated[Optional[str], typer.Option(help="HH:MM: start no run after this time")] = None,
+          deadline: Annotated[str | None, typer.Option(help="HH:MM: start no run after this time")] = None,
           fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first failed run")] = False,
           lease: Annotated[float, typer.Option(min=2, help="seconds a server outlives a silent orchestrator")] = 60):
     """Run every configuration of PLAYBOOK on the inventory's hosts and compare them."""
@@ -151,7 +152,7 @@ def _print_plan(sw, format: str) -> None:
 @exits
 def check(inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
           engine: Annotated[str, typer.Option(help="engine to look for: sglang, vllm or sim")] = "sglang",
-          port: Annotated[Optional[int], typer.Option(help="server port to check; default: the engine's")] = None):
+          port: Annotated[int | None, typer.Option(help="server port to check; default: the engine's")] = None):
     """Preflight every host: reachable, host key, venv, engine importable, GPUs free, port free, disk."""
     from harness.check import check_hosts, render
 
@@ -166,10 +167,10 @@ def check(inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
 def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://127.0.0.1:30000")],
           model: Annotated[str, typer.Option(help="model name the server answers to")],
           concurrency: Annotated[str, typer.Option(help="levels, comma-separated")] = "1",
-          requests: Annotated[Optional[int], typer.Option(help="requests per level")] = None,
+          requests: Annotated[int | None, typer.Option(help="requests per level")] = None,
           max_tokens: Annotated[int, typer.Option(help="output tokens per request")] = 50,
-          prompt: Annotated[Optional[str], typer.Option(help="prompt text")] = None,
-          prompt_tokens: Annotated[Optional[int], typer.Option(help="synthetic prompt length")] = None,
+          prompt: Annotated[str | None, typer.Option(help="prompt text")] = None,
+          prompt_tokens: Annotated[int | None, typer.Option(help="synthetic prompt length")] = None,
           warmup: Annotated[int, typer.Option(help="warm-up requests per level")] = 1,
           api: Annotated[str, typer.Option(help="completions or chat")] = "completions",
           output: Annotated[Path, typer.Option("-o", "--output", help="bench.json path")] = Path("bench.json")):
@@ -215,7 +216,7 @@ def analyze(path: Path, top: Annotated[int, typer.Option(help="kernels to show")
 @app.command()
 @exits
 def compare(results: list[Path],
-            baseline: Annotated[Optional[str], typer.Option(help="configuration to compare against")] = None,
+            baseline: Annotated[str | None, typer.Option(help="configuration to compare against")] = None,
             format: Annotated[str, typer.Option(help="table, json, csv or markdown")] = "table"):
     """Configurations side by side, from results directories alone; exit 1 when a reference is missed."""
     from harness.report import compare as cmp
@@ -237,7 +238,7 @@ def compare(results: list[Path],
 @exits
 def report(results: list[Path],
            output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write")] = Path("report.html"),
-           baseline: Annotated[Optional[str], typer.Option(help="configuration to compare against")] = None):
+           baseline: Annotated[str | None, typer.Option(help="configuration to compare against")] = None):
     """A self-contained HTML report: comparison, roofline, plots, failures and host facts."""
     from harness.report.html import write_report
 
@@ -262,7 +263,7 @@ def status(results: Path, format: Format = "table"):
 @app.command()
 @exits
 def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
-              host: Annotated[Optional[str], typer.Option(help="host to run on; default: the recorded one")] = None,
+              host: Annotated[str | None, typer.Option(help="host to run on; default: the recorded one")] = None,
               output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results")):
     """Run a recorded run again from its directory alone, and show what differs."""
     from harness.executor import Executor

@@ -84,9 +84,10 @@ class RemoteTimeout(RemoteError):
 
 
 class CommandFailed(RemoteError):
-    def __init__(self, message: str, *, exit_code: int, **kw):
+    def __init__(self, message: str, *, exit_code: int, host: str | None = None, run_id: str | None = None,
+                 command: str | None = None, output: str = "", kind: str | None = None):
         self.exit_code = exit_code
-        super().__init__(message, **kw)
+        super().__init__(message, host=host, run_id=run_id, command=command, output=output, kind=kind)
 
 
 class RunFailed(RemoteError):

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import random
 import shlex
@@ -33,16 +34,16 @@ import harness
 from harness.config.inventory import Host
 from harness.errors import HarnessError
 from harness.journal import Journal, latest_states
-from harness.lock import SweepLock
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.run import execute
 from harness.lifecycle.server import stop_command
+from harness.lock import SweepLock
 from harness.plan import RunPaths, RunSpec, Sweep
 from harness.remote import install, private_workdir, remote_dir
-from harness.resume import fingerprint, plan_resume, run_inputs
 from harness.report.live import Display
 from harness.results import atomic_write, read_json, write_json, write_summary
-from harness.transport import connect
+from harness.resume import fingerprint, plan_resume, run_inputs
+from harness.transport import Transport, connect
 from harness.transport.tarpull import remove_stale_staging
 
 TRANSIENT = frozenset({"unreachable", "timeout", "collect", "server_died"})
@@ -65,7 +66,7 @@ class Outcome:
 @dataclass
 class HostState:
     host: Host
-    transport: object = None
+    transport: Transport | None = None
     attempts: int = 0               # failed connection attempts in a row
     error: HarnessError | None = None
     dead: bool = False
@@ -114,10 +115,8 @@ class Executor:
         self.todo: list[RunSpec] = [] if resume else list(sweep.runs)   # resume: found once the lock is ours
         self.started = time.time()
         if resume:
-            try:
+            with contextlib.suppress(OSError, ValueError, KeyError):
                 self.started = read_json(self.sweep_dir / "sweep.json")["started"]
-            except (OSError, ValueError, KeyError):
-                pass
 
     # --- the sweep ---------------------------------------------------------------------------------
 
@@ -204,6 +203,7 @@ class Executor:
             installed = install(transport, host.workdir, host=host.name)
             host = host.model_copy(update={"workdir": installed.workdir,     # absolute from now on
                                            "venv": installed.resolve(host.venv)})
+            assert host.venv is not None  # the sweep refuses a host without one
             python = host.venv + "/bin/python"
             reaped = transport.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
                                    f"{shlex.quote(installed.tools + '/agent.py')} reap --workdir "
@@ -237,11 +237,19 @@ class Executor:
     # --- one run, with retries ---------------------------------------------------------------------
 
     def _run(self, spec: RunSpec, state: HostState) -> None:
+        out_of_attempts = tenacity.stop_after_attempt(self.retries + 1)
+
+        def stop(retry_state: tenacity.RetryCallState) -> bool:
+            return out_of_attempts(retry_state) or state.lost
+
+        def sleep(seconds: float) -> None:
+            self.stop.wait(seconds)
+
         attempts = tenacity.Retrying(
-            stop=tenacity.stop_any(tenacity.stop_after_attempt(self.retries + 1), lambda _: state.lost),
+            stop=stop,
             wait=tenacity.wait_exponential_jitter(multiplier=2, max=60),
             retry=tenacity.retry_if_exception_type(Transient),
-            sleep=lambda s: self.stop.wait(s), reraise=True)
+            sleep=sleep, reraise=True)
         try:
             manifest = attempts(self._attempt, spec, state)
         except Stopped:
@@ -271,7 +279,9 @@ class Executor:
         shutil.rmtree(local_dir, ignore_errors=True)  # a partial earlier attempt: never mixed into this one
         remove_stale_staging(local_dir)               # and what a pull killed with the orchestrator left
         local_dir.mkdir(parents=True)
-        ctx = RunContext(self.sweep, spec, host, state.transport, self.sweep.render(spec, host), local_dir,
+        transport = state.transport
+        assert transport is not None  # the worker opened it before taking the run
+        ctx = RunContext(self.sweep, spec, host, transport, self.sweep.render(spec, host), local_dir,
                          remote_dir(host.workdir), lease_s=self.lease_s,
                          on_phase=lambda p: self.display.phase(host.name, spec.run_id, p))
         ctx.record["attempts"] = attempt
@@ -343,7 +353,7 @@ class Executor:
         not answered for a whole lease is lost (its watchdog is stopping the server by now), so its
         worker's connection is closed under the run in flight, which then fails over to another host.
         """
-        links: dict[str, object] = {}
+        links: dict[str, Transport] = {}
         answered: dict[str, float] = {}
         interval = max(1.0, self.lease_s / 4)
         while not self.stop.wait(interval):
@@ -410,6 +420,7 @@ class Executor:
             link = connect(host.spec())
             try:
                 workdir = private_workdir(link, host.workdir, host=host.name)
+                assert host.venv is not None  # the sweep refuses a host without one
                 paths = RunPaths.of(host.model_copy(update={"workdir": workdir}), self.sweep.sweep_id, spec.run_id)
                 command = (f"if [ -f {shlex.quote(paths.pid_file)} ]; then {shlex.quote(host.venv + '/bin/python')} "
                            f"{shlex.quote(remote_dir(workdir) + '/agent.py')} stop --pid-file "
@@ -426,6 +437,7 @@ class Executor:
             reasons = [self.hosts[h.name].error for h in spec.hosts if self.hosts[h.name].dead]
             if reasons and len(reasons) == len(spec.hosts) and not self.outcome.interrupted:
                 err = reasons[0]
+                assert err is not None  # a dead host has the error that set it aside
                 self._write_unrun(spec, "failed", {"kind": err.kind,
                                                    "message": self.sweep.redactor.text(str(err))})
             elif not self.outcome.interrupted:

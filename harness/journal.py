@@ -68,7 +68,7 @@ def _cut_torn_tail(path: Path) -> None:
 
 
 def read_journal(path: Path) -> list[dict]:
-    events = []
+    events: list[dict] = []
     try:
         lines = Path(path).read_text().splitlines()
     except FileNotFoundError:

@@ -26,7 +26,6 @@ from harness.render import BUILTIN_TEMPLATES, builtin_templates, render_string, 
 from harness.secrets import Redactor, is_secret
 
 
-
 @dataclass(frozen=True)
 class RunSpec:
     run_id: str
@@ -45,7 +44,7 @@ class RunPaths:
     root: str                      # workdir/sweep_id/run_id
 
     @classmethod
-    def of(cls, host: Host, sweep_id: str, run_id: str) -> "RunPaths":
+    def of(cls, host: Host, sweep_id: str, run_id: str) -> RunPaths:
         return cls(f"{host.workdir.rstrip('/')}/{sweep_id}/{run_id}")
 
     def __getattr__(self, name: str) -> str:
@@ -95,7 +94,7 @@ class Sweep:
         paths = RunPaths.of(host, self.sweep_id, run.run_id)
         port = pb.server.port or self.engine.default_port
         tools = remote_dir(host.workdir)
-        base = {
+        base: dict[str, Any] = {
             "run": {"id": run.run_id, "repeat": run.repeat, "sweep_id": self.sweep_id, "dir": paths.root,
                     "profile_dir": paths.profile_dir, "log": paths.log, "pid_file": paths.pid_file,
                     "secrets_file": paths.secrets_file},

@@ -173,7 +173,7 @@ def _split_half(requests: list[dict], metric: str, q: str | None) -> float | Non
             values = [r[metric] for r in rs if r.get(metric) is not None]
         return percentile(sorted(values), float(q[1:])) if values else None
     a, b, whole = stat(requests[0::2]), stat(requests[1::2]), stat(requests)
-    if None in (a, b) or not whole:
+    if a is None or b is None or not whole:
         return None
     return abs(a - b) / whole
 

@@ -17,6 +17,7 @@ A missing sshd is an error, never a skip: CI installs openssh-server and must ru
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -193,10 +194,8 @@ def _comm(pid: int) -> str:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _sshd_version() -> tuple[int, int]:

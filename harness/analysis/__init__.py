@@ -146,7 +146,7 @@ def _summarize_all(files: list[Path]) -> list[FileSummary]:
         i, start, stop = tasks[0]
         results = [summarize_range(files[i], start, stop)] + [f.result() for f in later]
     joined: dict[int, Totals] = {}
-    for (i, _, _), totals in zip(tasks, results):
+    for (i, _, _), totals in zip(tasks, results, strict=True):
         joined[i] = joined[i].then(totals) if i in joined else totals
     return [joined[i].finish(f) for i, f in enumerate(files)]
 
@@ -161,7 +161,7 @@ def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:
         start = event_start_at(path, size * k // pieces)
         if start is not None and start > starts[-1]:
             starts.append(start)
-    return list(zip(starts, starts[1:] + [None]))
+    return list(zip(starts, starts[1:] + [None], strict=True))
 
 
 def _combine(summaries: list[FileSummary], naming: TraceNaming | None, *, top: int,
@@ -180,6 +180,7 @@ def _combine(summaries: list[FileSummary], naming: TraceNaming | None, *, top: i
     split = any(s.gpu_spans for s in summaries)
     stages = _stages(summaries, copy_names, top=top, split=split)
     decode = (stages or {}).get("decode")
+    steps_source: str | None
     if decode:
         steps, steps_source = decode["steps"], "trace"
         per_step_ms, category_ms = decode["per_step_ms"], decode["category_ms"]
@@ -198,7 +199,7 @@ def _combine(summaries: list[FileSummary], naming: TraceNaming | None, *, top: i
     return {
         "schema": SCHEMA,
         "files": [{"name": s.path.name, "rank": r["rank"], "bytes": s.path.stat().st_size}
-                  for s, r in zip(summaries, ranks)],
+                  for s, r in zip(summaries, ranks, strict=True)],
         "steps": steps,
         "steps_source": steps_source,
         "per_step_ms": per_step_ms,
@@ -230,7 +231,8 @@ def _stages(summaries: list[FileSummary], copy_names: set[str], *, top: int, spl
     if not steps:
         return None
     order = sorted(steps, key=lambda stage: (stage != "decode", -steps[stage][0], stage))
-    return {stage: _stage(*steps[stage], kernels.get(stage, {}), copy_names, n=n, top=top, split=split)
+    return {stage: _stage(steps[stage][0], steps[stage][1], kernels.get(stage, {}), copy_names, n=n, top=top,
+                          split=split)
             for stage in order}
 
 

@@ -31,15 +31,17 @@ An event with a wanted category and a `dur` is a complete event: Chrome's format
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import queue
 import re
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from operator import itemgetter
 from pathlib import Path
+from typing import Any, cast
 
 from harness.errors import InputError
 
@@ -158,10 +160,8 @@ class _Prefetch(_Direct):
     def __exit__(self, *exc) -> None:
         self.closed.set()
         while self.thread.is_alive():  # unblock a pump waiting for room, then let it see `closed`
-            try:
+            with contextlib.suppress(queue.Empty):
                 self.chunks.get(timeout=0.05)
-            except queue.Empty:
-                pass
 
     def _pump(self) -> None:
         try:
@@ -218,7 +218,7 @@ class _Parser:
         if not seen_events:
             raise ValueError("no traceEvents array")
 
-    def _array(self) -> Iterator[list[Event]]:
+    def _array(self) -> Generator[list[Event], None, bool]:
         """The events from the cursor on; returns whether the array ended (rather than `stop` came)."""
         while True:
             if len(self.buf) - self.pos < CHUNK_BYTES and not self.eof:
@@ -258,11 +258,13 @@ class _Parser:
             hi = brace
         return -1
 
-    def _select(self, decoded: list) -> list[Event]:
+    def _select(self, decoded: list[Any]) -> list[Event]:
         wanted = self.wanted
-        return [(ev["cat"], ev.get("name", ""), ev.get("pid"), ev.get("tid"), ev.get("ts"), ev.get("dur"))
-                for ev in decoded
-                if isinstance(ev, dict) and ev.get("cat") in wanted and ev.get("ph") == "X"]
+        events = [(ev["cat"], ev.get("name", ""), ev.get("pid"), ev.get("tid"), ev.get("ts"), ev.get("dur"))
+                  for ev in decoded
+                  if isinstance(ev, dict) and ev.get("cat") in wanted and ev.get("ph") == "X"]
+        # decoded JSON: that ts and dur are numbers is the trace's word (Chrome's format), as when scanned
+        return cast(list[Event], events)
 
     def _value(self) -> object:
         """The JSON value at the cursor, reading more until it is complete."""
@@ -368,18 +370,19 @@ class _Layout:
     def scan(self, buf: bytes, start: int, end: int) -> list[Event] | None:
         """Every wanted event in buf[start:end], or None when the expression cannot vouch for them."""
         found = self.events.findall(buf, start, end)
+        count = self.count  # None exactly when cat_first
         if not found:
-            return [] if self.cat_first or not self.count.search(buf, start, end) else None
-        cat, name, pid, tid, ts, dur = self.get(list(zip(*found)))
-        if self.cat_first:
+            return [] if count is None or not count.search(buf, start, end) else None
+        cat, name, pid, tid, ts, dur = self.get(list(zip(*found, strict=True)))
+        if count is None:
             if b"" in ts:
                 return None
-        elif len(found) != len(self.count.findall(buf, start, end)):
+        elif len(found) != len(count.findall(buf, start, end)):
             return None
         # Column by column, so that the per-event work stays in C.
         values = self.values.__getitem__
         return list(zip(map(self.cats.__getitem__, cat), map(self.names.__getitem__, name), map(values, pid),
-                        map(values, tid), map(float, ts), map(float, dur)))
+                        map(values, tid), map(float, ts), map(float, dur), strict=True))
 
 
 class _Names(dict):

@@ -179,7 +179,7 @@ class Totals:
         """These totals followed by those of the next range of the same file."""
         for thread, (starts, durs) in (later.roots or {}).items():
             carried = self.stacks.get(thread, [])
-            for ts, dur in zip(starts, durs):
+            for ts, dur in zip(starts, durs, strict=True):
                 while carried and carried[-1][0] <= ts + _EPS:
                     carried.pop()
                 if not carried:
@@ -206,7 +206,7 @@ class Totals:
         busy = window = 0.0
         by_stage: dict[str, tuple] = {}   # stage -> (total_us per name id, count per name id)
         for device, (starts, durs, ids) in self.intervals.items():
-            kernels = sorted(zip(starts, durs, ids))
+            kernels = sorted(zip(starts, durs, ids, strict=True))
             b, w = _busy_and_window(kernels)
             busy, window = busy + b, window + w
             _split(kernels, _disjoint(self.gpu_spans.get(device, [])), by_stage, len(names))
@@ -301,7 +301,7 @@ def _split(kernels: list[tuple], spans: list[tuple], by_stage: dict[str, tuple],
 
 def _named(names: list[str], totals: list[float], counts: list[int]) -> dict[str, list]:
     """Totals by name id as name -> [total_us, count], for the names that ran."""
-    return {name: [total, count] for name, total, count in zip(names, totals, counts) if count}
+    return {name: [total, count] for name, total, count in zip(names, totals, counts, strict=True) if count}
 
 
 def _rank(meta: dict) -> int | None:

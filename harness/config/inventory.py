@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import shlex
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -124,7 +124,7 @@ class Host(BaseModel):
             raise ValueError("must be an absolute path")
         return v
 
-    def with_default_venv(self) -> "Host":
+    def with_default_venv(self) -> Host:
         """A local host without a venv runs the engine in the harness's own environment."""
         if self.transport == "local" and not self.venv:
             return self.model_copy(update={"venv": sys.prefix})
@@ -263,8 +263,7 @@ def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups,
         return Host.model_validate(merged)
     except Exception as e:  # pydantic ValidationError: point at the layer that set the bad value
         err = e.errors()[0]  # type: ignore[attr-defined]
-        field = err["loc"][0] if err["loc"] else None
-        loc = origin.get(field, layers[-1][0])
+        loc = origin.get(err["loc"][0], layers[-1][0]) if err["loc"] else layers[-1][0]
         raise doc.error(loc, f"host {name!r}: {err['msg']}") from None
 
 

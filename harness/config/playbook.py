@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness import engines
 from harness.config.yamlfile import load_yaml
 
-ArgScalar = Union[bool, int, float, str, None]
-ArgValue = Union[ArgScalar, list[Union[bool, int, float, str, list[Union[bool, int, float, str]]]], dict[str, Any]]
+ArgScalar = bool | int | float | str | None
+ArgValue = ArgScalar | list[bool | int | float | str | list[bool | int | float | str]] | dict[str, Any]
 
 FLAG_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -147,7 +147,7 @@ class Reference(Strict):
         if isinstance(v, (list, tuple)):
             if len(v) != 3:
                 raise ValueError("the short form lists value, lower and upper, e.g. [97, -0.1, 0.1]")
-            return dict(zip(("value", "lower", "upper"), v))
+            return dict(zip(("value", "lower", "upper"), v, strict=True))
         return v
 
 
@@ -160,7 +160,7 @@ def _check_references(refs: dict) -> dict:
     return refs
 
 
-References = Annotated[dict[str, dict[str, Union[Reference, dict[int, Reference]]]],
+References = Annotated[dict[str, dict[str, Reference | dict[int, Reference]]],
                        AfterValidator(_check_references)]
 
 

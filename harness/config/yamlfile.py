@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from harness.errors import InputError
 
@@ -21,7 +22,7 @@ Loc = tuple[str | int, ...]
 class _LineLoader(yaml.SafeLoader):
     """SafeLoader that records `path-in-document -> line` for every key and list item."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.lines: dict[Loc, int] = {}
 
@@ -123,7 +124,7 @@ def _is_union_tag(part) -> bool:
     return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "none"})
 
 
-def _message(err: dict) -> str:
+def _message(err: ErrorDetails) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown key"
     if err["type"] == "missing":

@@ -14,9 +14,20 @@ from dataclasses import replace
 from typing import Any
 
 from harness.engines import openai, sglang, sim, vllm  # noqa: F401  (each registers itself)
-from harness.engines.base import (CaptureSettings, Engine, StepSpans, TraceNaming, env_prefixes,
-                                  get_engine, imitable, naming_for, names, real_engines, register,
-                                  step_span_rules)
+from harness.engines.base import (
+    CaptureSettings,
+    Engine,
+    StepSpans,
+    TraceNaming,
+    env_prefixes,
+    get_engine,
+    imitable,
+    names,
+    naming_for,
+    real_engines,
+    register,
+    step_span_rules,
+)
 
 __all__ = ["CaptureSettings", "Engine", "StepSpans", "TraceNaming", "engine_for", "env_prefixes",
            "get_engine", "imitable", "naming_for", "names", "real_engines", "register", "step_span_rules"]

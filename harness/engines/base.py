@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from harness.errors import InputError
 
@@ -111,7 +111,7 @@ class Engine:
         """How many GPU workers (trace files) a configuration with these args has."""
         return 1
 
-    def capture(self, how: CaptureSettings) -> dict | None:
+    def capture(self, how: CaptureSettings) -> dict[str, Any] | None:
         """The profiler protocol as data for the host agent (`agent.py profile`), None when the engine
         has no profiler of its own. Keys: `start` {path, body}, `stop` {path} or None, `traffic`
         ("flow": requests keep coming until every rank's file is in; or {"max_tokens": N}: one request),
@@ -143,7 +143,7 @@ def arg(args: Mapping[str, Any], *names: str, default: int = 1) -> int:
     return default
 
 
-Entry = Union[Engine, Callable[[str], Engine]]
+Entry = Engine | Callable[[str | None], Engine]
 _REGISTRY: dict[str, Entry] = {}
 
 

@@ -50,7 +50,7 @@ class SGLang(Engine):
         dp = 1 if args.get("enable-dp-attention") or args.get("attn-dp-size") else arg(args, "dp-size")
         return tp * pp * dp
 
-    def capture(self, how: CaptureSettings) -> dict:
+    def capture(self, how: CaptureSettings) -> dict[str, Any]:
         body: dict[str, Any] = {"output_dir": how.directory, "num_steps": how.num_steps,
                                 "activities": ["CUDA_PROFILER"] if how.nsys else ["CPU", "GPU"]}
         if how.start_step is not None or how.nsys:

@@ -9,7 +9,6 @@ from functools import cache
 
 from harness.engines.base import Engine, get_engine, register
 
-
 DEFAULT = "sglang"   # the engine of the campaign the demo retells (GLM-5 on SGLang)
 
 

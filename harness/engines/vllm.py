@@ -52,7 +52,7 @@ class VLLM(Engine):
         return (arg(args, "tensor-parallel-size", "tp") * arg(args, "pipeline-parallel-size", "pp")
                 * arg(args, "data-parallel-size", "dp"))
 
-    def capture(self, how: CaptureSettings) -> dict:
+    def capture(self, how: CaptureSettings) -> dict[str, Any]:
         # the step bounds are launch flags too (templates/vllm.sh.j2): 0.26 reads them only there
         body: dict[str, Any] = {"max_iterations": how.num_steps}
         if how.start_step:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.config.inventory import Host
 from harness.errors import RemoteError, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
 from harness.transport.base import Result, Transport
-
 
 
 @dataclass

@@ -23,7 +23,9 @@ def prompt_file(ctx: RunContext) -> str:
     be read as an option."""
     path = f"{ctx.paths.root}/prompt.txt"
     if not ctx.record.get("prompt_file"):
-        ctx.transport.put(ctx.sweep.playbook.benchmark.prompt.encode("utf-8"), path, mode=0o600)
+        prompt = ctx.sweep.playbook.benchmark.prompt
+        assert prompt is not None  # called only for a playbook that gives one
+        ctx.transport.put(prompt.encode("utf-8"), path, mode=0o600)
         ctx.record["prompt_file"] = path
     return path
 

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import harness
 from harness.errors import HarnessError, RemoteError, tail
@@ -127,7 +128,7 @@ def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
 def _nsys_reports(local_dir: Path, record: dict) -> dict:
     """Under nsys the report appears when the server exits: look for it in what was collected."""
     reports = sorted(p for p in (local_dir / "profile").glob("*") if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"))
-    files = [{"name": p.name, "bytes": p.stat().st_size} for p in reports]
+    files: list[dict[str, Any]] = [{"name": p.name, "bytes": p.stat().st_size} for p in reports]
     if any(p.suffix != ".qdstrm" for p in reports):
         return record | {"status": "ok", "files": files, "bytes": sum(f["bytes"] for f in files)}
     return record | {"status": "failed", "files": files,

@@ -93,7 +93,8 @@ def stop_command(ctx: RunContext) -> str:
     devices = ((ctx.record.get("probe") or {}).get("gpus") or {}).get("devices") or []
     baseline = ",".join(str(d["memory_used_mib"]) for d in devices)
     return (ctx.agent_command("stop", "--pid-file", ctx.paths.pid_file, "--port", ctx.rendered.port,
-                              "--bind", ctx.server_address, "--timeout", grace, "--gpu-baseline", baseline) + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
+                              "--bind", ctx.server_address, "--timeout", grace, "--gpu-baseline", baseline)
+            + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
 
 
 def teardown(ctx: RunContext) -> dict:

@@ -1,6 +1,7 @@
 """Code that runs ON the GPU host, standard library only: the agent (`agent.py`), the benchmark
-client (`bench.py`) and the torch.profiler wrapper (`torchprof.py`). They are uploaded once per connection into a directory named by their content,
-read once per process, so every run of a sweep uses exactly the same bytes.
+client (`bench.py`) and the torch.profiler wrapper (`torchprof.py`). They are uploaded once per
+connection into a directory named by their content, read once per process, so every run of a sweep
+uses exactly the same bytes.
 
 The host is shared with other users: everything the harness writes there lives in the workdir, which
 must be the SSH user's own and private (0700, owned by it, writable by no one else); otherwise anyone
@@ -61,11 +62,11 @@ def _private(transport, workdir: str, *, host: str) -> tuple[str, str]:
     command = (f'mkdir -p -m 700 {d} && d=$(cd {d} && pwd -P) && owner=$(stat -c %u "$d") && '
                f'mode=$(stat -c %a "$d") && if [ "$owner" != "$(id -u)" ]; then '
                f'echo {_FOREIGN} "$(stat -c %U "$d")" "$d"; elif [ $((0$mode & 022)) -ne 0 ]; then '
-               f'echo {_OPEN} "$mode" "$d"; else printf "%s\\n" "$HOME"; echo {_OK} "$d"; fi')
+               f'echo {_OPEN} "$mode" "$d"; else printf "home:%s\\n" "$HOME"; echo {_OK} "$d"; fi')
     out = transport.run(command, timeout=60).stdout.strip().splitlines()
     words = out[-1].split(" ", 2) if out else []
-    if words[:1] == [_OK] and len(words) == 2 and len(out) >= 2:
-        return words[1], out[-2]
+    if words[:1] == [_OK] and len(words) == 2 and len(out) >= 2 and out[-2].startswith("home:"):
+        return words[1], out[-2].removeprefix("home:")   # "" when the host's environment has no HOME
     if words[:1] == [_FOREIGN]:
         raise RemoteError(f"the workdir {words[2]} belongs to {words[1]}, not to the SSH user: anyone who "
                           "owns it could replace the harness's agent. Choose a workdir of your own "

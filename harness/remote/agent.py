@@ -31,6 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 
 def emit(obj: dict) -> int:
@@ -162,7 +163,7 @@ def port_listeners(port: int) -> list[dict]:
                         inodes.add(parts[9])
         except OSError:
             continue
-    holders = []
+    holders: list[dict] = []
     if not inodes:
         return holders
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -534,7 +535,7 @@ def cmd_profile(a) -> int:
     start = time.monotonic()
     deadline = start + a.timeout
     answers: list = []
-    spec = json.loads(a.spec) if a.spec else {"naming": TORCH_NAMING, "ranks": 1}
+    spec: dict[str, Any] = json.loads(a.spec) if a.spec else {"naming": TORCH_NAMING, "ranks": 1}
     naming = spec["naming"]
     out: dict = {"dir": a.dir, "expected_ranks": spec["ranks"], "answers": answers}
     if not a.spec:

@@ -44,15 +44,17 @@ comparison (to see the response end); HTTP, SSE and JSON parsing wait until the 
 and the garbage collector is paused during a level. Events that arrive in one read share its stamp (an
 ITL of 0): that is what the client saw. bench.json records the client's own CPU per chunk while
 streaming (client_cpu_us_per_chunk): about 5 us on a small 2-core machine, so one process follows
-256 streams at 100 tok/s (25,600 chunks a second) on about an eighth of a core. benchmarks/bench_fidelity.py measures the
-errors against a server that knows its true emission times. `--workers K` splits each level's streams
-over K processes that start together; use it only beyond ~100,000 chunks a second and where cores are
-free beside the server's own (on a 2-core host it makes things worse).
+256 streams at 100 tok/s (25,600 chunks a second) on about an eighth of a core.
+benchmarks/bench_fidelity.py measures the errors against a server that knows its true emission times.
+`--workers K` splits each level's streams over K processes that start together; use it only beyond
+~100,000 chunks a second and where cores are free beside the server's own (on a 2-core host it makes
+things worse).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gc
 import json
@@ -68,9 +70,10 @@ import ssl
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 SCHEMA = "harness.bench/1"
@@ -85,7 +88,7 @@ DECODE_RULE = "first-wave"  # the decode window's definition, named in bench.jso
 _WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be or "
           "has had not but what all when there can more one about some time").split()
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
-Reads = List[Tuple[int, bytes]]
+Reads = list[tuple[int, bytes]]
 
 
 @dataclass(frozen=True)
@@ -106,13 +109,13 @@ class Outcome:
 
     sent_ns: int
     end_ns: int
-    times: List[int]            # arrival of each text-carrying chunk
-    tokens: Optional[int]       # usage.completion_tokens; None when the server sent no usage
-    prompt_tokens: Optional[int]
-    status: Optional[int]
-    error: Optional[str]
-    chunk_tokens: Optional[List[int]] = None   # completion_tokens so far at each text chunk, when
-                                               # every one carried usage (SGLang's continuous usage)
+    times: list[int]            # arrival of each text-carrying chunk
+    tokens: int | None          # usage.completion_tokens; None when the server sent no usage
+    prompt_tokens: int | None
+    status: int | None
+    error: str | None
+    chunk_tokens: list[int] | None = None   # completion_tokens so far at each text chunk, when
+                                            # every one carried usage (SGLang's continuous usage)
     empty_events: int = 0       # events with a choice but no text (a token that decodes to nothing, or
                                 # a closing event that only gives the finish reason)
 
@@ -135,9 +138,9 @@ class _Exchange:
         self.state, self.out = "connect", b""
         self.reads: Reads = []
         self.sent_ns = self.end_ns = 0
-        self.error: Optional[str] = None
+        self.error: str | None = None
         self.head_done = self.chunked = False
-        self.left: Optional[int] = None   # Content-Length bytes still to come
+        self.left: int | None = None      # Content-Length bytes still to come
         self.tail = b"\r\n"               # last bytes of a chunked body, to spot its terminator
 
     def received(self, t: int, data: bytes) -> bool:
@@ -159,7 +162,7 @@ class _Exchange:
             return self.left <= 0
         return False
 
-    def cut_short(self) -> Optional[str]:
+    def cut_short(self) -> str | None:
         """What a close by the server means at this point of the response (None: a clean end)."""
         if not self.head_done:
             return "connection closed before the response"
@@ -178,10 +181,10 @@ class _Loop:
         self.target, self.timeout_ns = target, int(timeout * 1e9)
         self.sel = selectors.DefaultSelector()
         self.tls = ssl.create_default_context() if target.tls else None
-        self.live: Dict[_Exchange, None] = {}   # in flight, oldest (the next to time out) first
-        self.finished: List[_Exchange] = []
+        self.live: dict[_Exchange, None] = {}   # in flight, oldest (the next to time out) first
+        self.finished: list[_Exchange] = []
 
-    def run(self, streams: int, count: Optional[int], duration: Optional[float]) -> List[_Exchange]:
+    def run(self, streams: int, count: int | None, duration: float | None) -> list[_Exchange]:
         """`streams` streams, each sending its next request when its last one ends, until `count`
         requests were sent or `duration` seconds passed; returns them all, ended."""
         stop_ns = None if duration is None else time.monotonic_ns() + int(duration * 1e9)
@@ -272,20 +275,18 @@ class _Loop:
             if self.tls is None or not x.sock.pending():  # type: ignore[attr-defined]
                 return
 
-    def _finish(self, x: _Exchange, error: Optional[str]) -> None:
+    def _finish(self, x: _Exchange, error: str | None) -> None:
         x.state, x.error = "done", error
         x.end_ns = x.reads[-1][0] if error is None and x.reads else time.monotonic_ns()
-        try:
+        with contextlib.suppress(KeyError):  # its connect failed at once: never registered
             self.sel.unregister(x.sock)
-        except KeyError:  # its connect failed at once: never registered
-            pass
         x.sock.close()
         del self.live[x]
         self.finished.append(x)
 
 
-def _run_share(target: Target, streams: int, count: Optional[int], warmup: int, duration: Optional[float],
-               timeout: float, barrier=None) -> Tuple[List[Outcome], float]:
+def _run_share(target: Target, streams: int, count: int | None, warmup: int, duration: float | None,
+               timeout: float, barrier=None) -> tuple[list[Outcome], float]:
     """Warm up, wait for the other workers, measure; parse only once every stream has ended. Returns
     the outcomes and the CPU seconds the measured streams cost this process (parsing excluded)."""
     loop = _Loop(target, timeout)
@@ -311,12 +312,12 @@ def _worker(results, *share) -> None:
     results.put(([vars(o) for o in outcomes], cpu))
 
 
-def _split(total: int, parts: int) -> List[int]:
+def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-def _run_level(target: Target, concurrency: int, count: Optional[int], warmup: int,
-               duration: Optional[float], timeout: float, workers: int) -> Tuple[List[Outcome], float]:
+def _run_level(target: Target, concurrency: int, count: int | None, warmup: int,
+               duration: float | None, timeout: float, workers: int) -> tuple[list[Outcome], float]:
     workers = min(workers, concurrency)
     if workers == 1:
         return _run_share(target, concurrency, count, warmup, duration, timeout)
@@ -330,7 +331,7 @@ def _run_level(target: Target, concurrency: int, count: Optional[int], warmup: i
     for p in procs:
         p.start()
     try:
-        outcomes: List[Outcome] = []
+        outcomes: list[Outcome] = []
         cpu = 0.0
         for _ in procs:
             share, share_cpu = _collect(results, procs)
@@ -344,19 +345,19 @@ def _run_level(target: Target, concurrency: int, count: Optional[int], warmup: i
                 p.terminate()
 
 
-def _collect(results, procs) -> Tuple[list, float]:
+def _collect(results, procs) -> tuple[list, float]:
     while True:
         try:
             return results.get(timeout=1.0)
         except queue.Empty:
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if dead:
-                raise RuntimeError(f"a benchmark worker process exited with code {dead[0]}")
+                raise RuntimeError(f"a benchmark worker process exited with code {dead[0]}") from None
 
 
 # --------------------------------------------------------------------------- parsing, after the fact
 
-def _parse_head(head: bytes) -> Tuple[int, bool, Optional[int]]:
+def _parse_head(head: bytes) -> tuple[int, bool, int | None]:
     """Status, chunked or not, and Content-Length of an HTTP/1.x response head (ValueError if not one)."""
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
@@ -371,12 +372,12 @@ def _parse_head(head: bytes) -> Tuple[int, bool, Optional[int]]:
     return int(rest.split(" ", 1)[0]), chunked, length
 
 
-def _dechunk(reads: Iterable[Tuple[int, bytes]]) -> Iterator[Tuple[int, bytes]]:
+def _dechunk(reads: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
     """Undo chunked transfer-encoding, keeping each piece with the stamp of the read that completed it."""
     buf = b""
     for t, data in reads:
         buf += data
-        out = []
+        out: list[bytes] = []
         while True:
             eol = buf.find(b"\r\n")
             if eol < 0:
@@ -392,7 +393,7 @@ def _dechunk(reads: Iterable[Tuple[int, bytes]]) -> Iterator[Tuple[int, bytes]]:
         yield t, b"".join(out)
 
 
-def _sse_events(reads: Iterable[Tuple[int, bytes]], ended: bool) -> Iterator[Tuple[int, bytes]]:
+def _sse_events(reads: Iterable[tuple[int, bytes]], ended: bool) -> Iterator[tuple[int, bytes]]:
     """Server-sent events, each stamped with the read that completed it; a last event without its blank
     line too when the stream `ended` cleanly (a cut-off one is a fragment)."""
     buf, t = b"", 0
@@ -404,14 +405,14 @@ def _sse_events(reads: Iterable[Tuple[int, bytes]], ended: bool) -> Iterator[Tup
         yield t, buf
 
 
-def _event_data(event: bytes) -> Optional[bytes]:
+def _event_data(event: bytes) -> bytes | None:
     lines = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
     if not lines:
         return None
     return b"\n".join(line[1:] if line.startswith(b" ") else line for line in lines)
 
 
-def _error_message(obj: dict) -> Optional[str]:
+def _error_message(obj: dict) -> str | None:
     """The text of an error sent inside a 200 stream: `{"object": "error", ...}` or `{"error": ...}`."""
     if obj.get("object") == "error":
         return str(obj.get("message") or obj)
@@ -436,15 +437,15 @@ def _excerpt(data: bytes, limit: int = 200) -> str:
     return (text[:limit] + "...") if len(text) > limit else (text or "(empty)")
 
 
-def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: Optional[str] = None) -> Outcome:
+def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = None) -> Outcome:
     """Turn one request's stamped reads (raw HTTP response bytes) into an Outcome.
 
     `error` is what the connection said (timeout, reset, closed early); an error the server reported
     in the response (a non-200 status, an error event) takes precedence, being the more telling.
     """
     head = b""
-    for i, (t, data) in enumerate(reads):
-        head += data
+    for i, (t, piece) in enumerate(reads):  # noqa: B007  (i and t are used after the break: where the head ends)
+        head += piece
         end = head.find(b"\r\n\r\n")
         if end >= 0:
             break
@@ -455,8 +456,8 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: Optional[str]
     except ValueError:
         return Outcome(sent_ns, end_ns, [], None, None, None, "malformed response head")
     body: Reads = [(t, head[end + 4:])] + reads[i + 1:]
-    times: List[int] = []
-    running: Optional[List[int]] = []
+    times: list[int] = []
+    running: list[int] | None = []
     tokens = prompt_tokens = None
     failure = None
     empty = 0
@@ -542,7 +543,7 @@ def request_record(concurrency: int, index: int, o: Outcome) -> dict:
             "error": o.error}
 
 
-def _per_token(itl: List[float], o: Outcome, tokens: int) -> List[float]:
+def _per_token(itl: list[float], o: Outcome, tokens: int) -> list[float]:
     """Each gap divided by the tokens its (later) chunk carried: from usage per chunk when the engine
     sends it, else the request's tokens over its text chunks (an engine may send several tokens in one
     chunk, or a token that decodes to no text in an event of its own)."""
@@ -553,7 +554,7 @@ def _per_token(itl: List[float], o: Outcome, tokens: int) -> List[float]:
     return [gap / per_chunk for gap in itl] if per_chunk > 0 else []
 
 
-def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> Optional[dict]:
+def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> dict | None:
     """Steady-state decode of the first wave: every one of its streams is past its first token and
     none has finished, so no prefill of a newcomer interrupts. Chunk counts are scaled to tokens by
     each request's usage/chunks ratio. None when the window is empty."""
@@ -570,7 +571,7 @@ def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> Optional[dic
             "per_user_tok_s": sum(tokens) / len(wave) / window_s, "aggregate_tok_s": sum(tokens) / window_s}
 
 
-def summarize_level(concurrency: int, outcomes: Sequence[Outcome]) -> Tuple[dict, List[dict]]:
+def summarize_level(concurrency: int, outcomes: Sequence[Outcome]) -> tuple[dict, list[dict]]:
     """A level of bench.json and its requests.jsonl records (indexed in the order they were sent)."""
     records = [request_record(concurrency, i, o)
                for i, o in enumerate(sorted(outcomes, key=lambda o: o.sent_ns))]
@@ -624,7 +625,8 @@ def build_target(url: str, body: dict, api: str) -> Target:
         family, *_, sockaddr = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0]
     except OSError as e:
         raise ValueError(f"cannot resolve {parts.hostname!r}: {e}") from e
-    return Target(parts.hostname, family, sockaddr[0], port, tls, head.encode() + payload)
+    address = str(sockaddr[0])  # already a str for an IP family (typeshed also allows the int of other families)
+    return Target(parts.hostname, family, address, port, tls, head.encode() + payload)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -632,11 +634,11 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), requests: Optional[int] = None,
-                  warmup: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, prompt: Optional[str] = None,
-                  prompt_tokens: Optional[int] = None, api: str = "completions", ignore_eos: bool = True,
-                  timeout: float = DEFAULT_TIMEOUT_S, duration: Optional[float] = None, workers: int = 1,
-                  progress: Optional[Callable[[dict], None]] = None, extra_body: Optional[dict] = None) -> dict:
+def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), requests: int | None = None,
+                  warmup: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, prompt: str | None = None,
+                  prompt_tokens: int | None = None, api: str = "completions", ignore_eos: bool = True,
+                  timeout: float = DEFAULT_TIMEOUT_S, duration: float | None = None, workers: int = 1,
+                  progress: Callable[[dict], None] | None = None, extra_body: dict | None = None) -> dict:
     """Run every concurrency level; return bench.json's content plus "requests" (requests.jsonl's lines).
 
     `requests` is per level (default: max(2 x concurrency, 16); with `duration`, a cap). Raises
@@ -653,8 +655,12 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     _check(api in APIS, f"api must be one of {', '.join(APIS)}")
     _check(timeout > 0 and (duration is None or duration > 0), "timeout and duration must be positive")
     _check(workers >= 1, "workers must be at least 1")
-    words = None if prompt is not None else (prompt_tokens or DEFAULT_PROMPT_WORDS)
-    text = prompt if prompt is not None else synthetic_prompt(words)
+    words: int | None = None
+    if prompt is not None:
+        text = prompt
+    else:
+        words = prompt_tokens or DEFAULT_PROMPT_WORDS
+        text = synthetic_prompt(words)
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     if ignore_eos:
@@ -663,6 +669,7 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     body.update(extra_body or {})
     target = build_target(url, body, api)
 
+    result: dict[str, Any]
     result = {"schema": SCHEMA, "url": url, "model": model, "api": api, "max_tokens": max_tokens,
               "prompt_tokens": None, "prompt": prompt, "prompt_words": words, "ignore_eos": ignore_eos,
               "temperature": 0, "warmup": warmup, "timeout_s": timeout, "duration_limit_s": duration,
@@ -707,7 +714,7 @@ def several_per_chunk(level: dict) -> bool:
 
 
 def format_level(level: dict) -> str:
-    def f(v: Optional[float]) -> str:
+    def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     decode = level["decode"]
@@ -725,7 +732,7 @@ def format_level(level: dict) -> str:
     return line
 
 
-def _positive_ints(text: str) -> List[int]:
+def _positive_ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -767,7 +774,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def failures(result: dict, max_share: float = 0.0) -> List[str]:
+def failures(result: dict, max_share: float = 0.0) -> list[str]:
     """One line per level whose failed requests exceed `max_share`, with the commonest errors."""
     lines = []
     for level in result["levels"]:
@@ -778,7 +785,7 @@ def failures(result: dict, max_share: float = 0.0) -> List[str]:
     return lines
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.prompt_file:
         try:

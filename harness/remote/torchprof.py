@@ -37,7 +37,10 @@ def wait_for(path: str, poll: float = 0.05) -> None:
 
 
 def window(directory: str) -> None:
-    mark = lambda name, text="": open(os.path.join(directory, name), "w").write(text)  # noqa: E731
+    def mark(name: str, text: str = "") -> None:
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(text)
+
     try:
         wait_for(os.path.join(directory, ".start"))
         import torch

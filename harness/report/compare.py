@@ -15,10 +15,11 @@ import csv
 import io
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich import box
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -36,8 +37,8 @@ all of DISTRIBUTIONS x STATS."""
 DISTRIBUTIONS = ("ttft_ms", "itl_ms", "itl_token_ms", "tpot_ms", "e2e_ms")
 STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 FIELDS = (["config", "concurrency", "runs", "ok", "completed", "failed"] + [f"{m}_{q}" for m, q, _ in METRICS]
-          + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "theoretical_ms", "efficiency", "baseline", "itl_vs_baseline", "tok_s_vs_baseline",
-             "misses", "error"])
+          + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "theoretical_ms", "efficiency", "baseline",
+             "itl_vs_baseline", "tok_s_vs_baseline", "misses", "error"])
 """The columns of csv and markdown, in order (json has every field of a row)."""
 
 
@@ -52,7 +53,8 @@ def collect(paths: list[Path], *, baseline: str | None = None) -> list[dict]:
     order: list[tuple[str, int | None]] = []
     for sweep_dir in sweeps:
         for manifest, bench in load_runs(sweep_dir):
-            levels = (bench or {}).get("levels") or [None]
+            bench = bench or {}
+            levels = bench.get("levels") or [None]
             for level in levels:
                 key = (manifest["config"]["name"], level and level["concurrency"])
                 if key not in groups:
@@ -113,7 +115,7 @@ def _change(value: float | None, ref: float | None) -> float | None:
     return None if value is None or not ref else (value - ref) / ref
 
 
-def _analysis(runs: list[tuple[dict, dict | None]]) -> dict | None:
+def _analysis(runs: Sequence[tuple[dict, dict | None]]) -> dict | None:
     for manifest, _ in runs:
         path = Path(manifest["_dir"]) / "runs" / manifest["run_id"] / "analysis.json"
         if path.exists():
@@ -172,7 +174,7 @@ def table(rows: list[dict], *, title: str = "configurations"):
         if base:
             cells += [_pct(row.get("itl_vs_baseline")), _pct(row.get("tok_s_vs_baseline"))]
         t.add_row(*cells, style="red" if (row.get("error") and not row["ok"]) or row.get("misses") else None)
-    parts = [t]
+    parts: list[RenderableType] = [t]
     problems = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
     problems += [f"{r['config']}: {r['profile_warning']}" for r in rows if r.get("profile_warning")]
     problems += [f"reference missed: {m['message']}" for r in rows for m in r.get("misses") or []]
@@ -198,7 +200,7 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
     t.add_column("GPU ms\n/step", justify="right", no_wrap=True)
     for c in cats:
         t.add_column(c, justify="right", no_wrap=True)
-    k = Table(title=f"top kernels (share of those steps' kernel time{', points vs ' + baseline if ref else ''})",
+    k = Table(title=f"top kernels (share of those steps' kernel time{f', points vs {baseline}' if ref else ''})",
               header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
     k.add_column("config", no_wrap=True, min_width=max(map(len, per_config)))
     k.add_column("share", justify="right", no_wrap=True, min_width=9)

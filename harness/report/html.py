@@ -39,7 +39,7 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
     env.filters.update(num=_num, pct=_pct, eff=format_efficiency)
     return env.get_template("report.html.j2").render(
         title=", ".join(s.name for s in sweeps),
-        generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         rows=rows, colors=colors, configs=_configs(runs),
         baseline=next((r["baseline"] for r in rows if r.get("baseline")), None),
         counts={"runs": len(runs), "ok": sum(m["status"] == "ok" for _, m, _ in runs),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich import box
-from rich.console import Group
+from rich.console import Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -27,8 +27,10 @@ def render_comparison(result: dict, *, before: str, after: str):
         facts.add_row(f["fact"], _fmt(f["before"]), _fmt(f["after"]))
     parts.append(facts if result["facts"] else Text("host facts: no difference", style="green"))
     t = Table(title="results", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
-    for col, justify in (("conc", "right"), ("metric", "left"), (before, "right"), (after, "right"),
-                         ("delta", "right"), ("noise", "right"), ("beyond?", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("conc", "right"), ("metric", "left"), (before, "right"), (after, "right"), ("delta", "right"),
+        ("noise", "right"), ("beyond?", "left"))
+    for col, justify in columns:
         t.add_column(col, justify=justify)
     for row in result["rows"]:
         delta = "-" if row.delta is None else f"{row.delta * 100:+.1f}%"

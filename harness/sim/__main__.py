@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 from harness.sim import flags, knobs
 from harness.sim.server import serve
@@ -11,7 +10,7 @@ from harness.sim.server import serve
 USAGE = "usage: python -m harness.sim {sglang,vllm} ARGS...\n"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ("sglang", "vllm"):
         sys.stderr.write(USAGE + "error: the first argument names the engine: sglang or vllm\n")

@@ -26,8 +26,9 @@ import re
 import time
 import uuid
 import zlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 from harness.sim import http
 from harness.sim.model import IDLE_STEP_MS, LatencyModel
@@ -54,7 +55,7 @@ class EmitLog:
 
     def __init__(self, path: str):
         self.path = path
-        self.rows: List[tuple] = []
+        self.rows: list[tuple] = []
         open(path, "w").close()
 
     def record(self, request: str, first: int, count: int, t_ns: int) -> None:
@@ -82,18 +83,18 @@ class Generation:
     max_tokens: int
     include_usage: bool
     writer: asyncio.StreamWriter
-    done: "asyncio.Future[None]"
+    done: asyncio.Future[None]
     tokens: int = 0
-    pending: List[bytes] = field(default_factory=list)
-    text: List[bytes] = field(default_factory=list)
+    pending: list[bytes] = field(default_factory=list)
+    text: list[bytes] = field(default_factory=list)
     finish_reason: str = "length"
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         self.prefix, self.suffix = self._frame(_PLACEHOLDER, None).split(b'"\\u0000"')
 
-    def _choice(self, text: Optional[str], finish: Optional[str]) -> Dict[str, Any]:
-        choice: Dict[str, Any] = {"index": 0}
+    def _choice(self, text: str | None, finish: str | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0}
         if self.chat:
             choice["delta"] = {} if text is None else {"content": text}
         else:
@@ -105,17 +106,17 @@ class Generation:
             choice["stop_reason"] = None
         return choice
 
-    def _frame(self, text: Optional[str], finish: Optional[str]) -> bytes:
+    def _frame(self, text: str | None, finish: str | None) -> bytes:
         return self._event([self._choice(text, finish)])
 
-    def _event(self, choices: List[Dict[str, Any]], usage: Optional[Dict[str, int]] = None) -> bytes:
-        obj: Dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+    def _event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        obj: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                                "created": self.created, "model": self.model, "choices": choices}
         if usage is not None or self.engine == "sglang":
             obj["usage"] = usage
         return json.dumps(obj).encode()
 
-    def usage(self) -> Dict[str, int]:
+    def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.tokens,
                 "total_tokens": self.prompt_tokens + self.tokens}
 
@@ -124,7 +125,7 @@ class Generation:
         c["delta"] = {"role": "assistant", "content": ""}
         return http.chunk(b"data: " + self._event([c]) + b"\n\n")
 
-    def text_chunk(self, words: bytes, finish: Optional[str] = None) -> bytes:
+    def text_chunk(self, words: bytes, finish: str | None = None) -> bytes:
         body = (self.prefix + b'"' + words + b'"' + self.suffix if finish is None
                 else self._frame(words.decode(), finish))
         return http.chunk(b"data: " + body + b"\n\n")
@@ -141,7 +142,7 @@ class Generation:
     def body(self) -> bytes:
         """The non-streaming answer."""
         text = b"".join(self.text).decode()
-        choice: Dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": 0}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -152,7 +153,7 @@ class Generation:
         return json.dumps(obj).encode()
 
 
-def new_generation(engine: str, model: str, chat: bool, body: Dict[str, Any],
+def new_generation(engine: str, model: str, chat: bool, body: dict[str, Any],
                    writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> Generation:
     """A Generation from an OpenAI request body; raises ValueError on a malformed one."""
     if chat:
@@ -195,8 +196,8 @@ class Scheduler:
     """The engine's decode loop: admits waiting requests with a prefill tick, then decodes in ticks."""
 
     def __init__(self, model: LatencyModel, *, engine: str, time_scale: float, stream_interval: int,
-                 max_running: Optional[int], emit: Optional[EmitLog], log: Callable[[str], None],
-                 log_interval: int = 40, empty_text_every: Optional[int] = None):
+                 max_running: int | None, emit: EmitLog | None, log: Callable[[str], None],
+                 log_interval: int = 40, empty_text_every: int | None = None):
         self.model, self.engine, self.scale = model, engine, time_scale
         self.interval = max(1, stream_interval)
         self.empty_every = empty_text_every or 0
@@ -204,9 +205,9 @@ class Scheduler:
         """Requests finished since the last step: vLLM frees them in the next one, idle or not."""
         self.max_running = max_running
         self.emit, self.log, self.log_interval = emit, log, max(1, log_interval)
-        self.hooks: List[StepHook] = []
-        self.waiting: List[Generation] = []
-        self.running: List[Generation] = []
+        self.hooks: list[StepHook] = []
+        self.waiting: list[Generation] = []
+        self.running: list[Generation] = []
         self.wake = asyncio.Event()
         self.frozen = asyncio.Event()
         self.prompt_tokens_total = self.generation_tokens_total = self.decode_steps = 0
@@ -260,7 +261,7 @@ class Scheduler:
             for hook in self.hooks:
                 await hook(step)
 
-    def _next_step(self) -> Tuple[List[Generation], Step]:
+    def _next_step(self) -> tuple[list[Generation], Step]:
         """Admit what fits (a prefill step), else decode the running requests, else an idle step."""
         room = len(self.waiting) if self.max_running is None else self.max_running - len(self.running)
         admitted, self.waiting = self.waiting[:max(0, room)], self.waiting[max(0, room):]
@@ -284,7 +285,7 @@ class Scheduler:
                      f"{throughput:.1f} tokens/s, Running: {running} reqs, Waiting: {len(self.waiting)} reqs, "
                      "GPU KV cache usage: 0.1%, Prefix cache hit rate: 0.0%")
 
-    def _advance(self, batch: List[Generation]) -> None:
+    def _advance(self, batch: list[Generation]) -> None:
         """One token for every request of the batch; send the chunks that are due."""
         finished = False
         for g in batch:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from typing import Any, Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from harness.sim.model import SimConfig
 
@@ -216,7 +217,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _json_object(text: str) -> Dict[str, Any]:
+def _json_object(text: str) -> dict[str, Any]:
     value = json.loads(text)
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
@@ -234,10 +235,10 @@ def _loose_value(text: str) -> Any:
 _DOTTED = re.compile(r"^(--[a-z0-9_-]+|-cc)\.([A-Za-z0-9_.]+)(?:=(.*))?$", re.S)
 
 
-def _vllm_argv(argv: Sequence[str]) -> List[str]:
+def _vllm_argv(argv: Sequence[str]) -> list[str]:
     """Underscores to dashes in flag names, and dotted fields folded into one JSON flag each."""
-    out: List[str] = []
-    dotted: Dict[str, Dict[str, Any]] = {}
+    out: list[str] = []
+    dotted: dict[str, dict[str, Any]] = {}
     args = list(argv)
     i = 0
     while i < len(args):
@@ -303,7 +304,7 @@ def sim_config(engine: str, ns: argparse.Namespace) -> SimConfig:
         kv_cache_dtype=ns.kv_cache_dtype)
 
 
-def served_names(engine: str, ns: argparse.Namespace) -> Tuple[str, ...]:
+def served_names(engine: str, ns: argparse.Namespace) -> tuple[str, ...]:
     if engine == "sglang":
         return (ns.served_model_name or ns.model_path,)
     return tuple(ns.served_model_name or [ns.model])

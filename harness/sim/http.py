@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any
 
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
            500: "Internal Server Error", 503: "Service Unavailable"}
@@ -23,7 +23,7 @@ class Request:
     method: str
     path: str
     query: str
-    headers: Dict[str, str]
+    headers: dict[str, str]
     body: bytes
 
     @property
@@ -39,7 +39,7 @@ class BadRequest(Exception):
     pass
 
 
-async def read_request(reader: asyncio.StreamReader) -> Optional[Request]:
+async def read_request(reader: asyncio.StreamReader) -> Request | None:
     """The next request on the connection, or None when the client closed it."""
     try:
         line = await reader.readline()
@@ -51,7 +51,7 @@ async def read_request(reader: asyncio.StreamReader) -> Optional[Request]:
         method, target, _version = line.decode("latin-1").split()
     except ValueError:
         raise BadRequest("malformed request line") from None
-    headers: Dict[str, str] = {}
+    headers: dict[str, str] = {}
     for _ in range(MAX_HEADER_LINES):
         raw = await reader.readline()
         if raw in (b"\r\n", b"\n", b""):

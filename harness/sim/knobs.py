@@ -27,14 +27,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 
 @dataclass(frozen=True)
 class Faults:
-    crash_after: Optional[int] = None
-    hang_after: Optional[int] = None
+    crash_after: int | None = None
+    hang_after: int | None = None
     never_healthy: bool = False
     oom_at_start: bool = False
     profile_500: bool = False
@@ -44,9 +44,9 @@ class Faults:
 class Knobs:
     time_scale: float = 1.0
     startup_s: float = 2.0
-    trace_mb: Optional[float] = None
-    emit_log: Optional[str] = None
-    empty_text_every: Optional[int] = None
+    trace_mb: float | None = None
+    emit_log: str | None = None
+    empty_text_every: int | None = None
     faults: Faults = Faults()
 
     @property
@@ -76,7 +76,7 @@ def parse_faults(text: str) -> Faults:
     return Faults(**values)
 
 
-def _number(env: Mapping[str, str], name: str) -> Optional[float]:
+def _number(env: Mapping[str, str], name: str) -> float | None:
     raw = env.get(name, "").strip()
     if not raw:
         return None
@@ -89,7 +89,7 @@ def _number(env: Mapping[str, str], name: str) -> Optional[float]:
     return value
 
 
-def _every(env: Mapping[str, str], name: str) -> Optional[int]:
+def _every(env: Mapping[str, str], name: str) -> int | None:
     """A positive whole number, or None when unset (0 also means off)."""
     raw = env.get(name, "").strip()
     if not raw:
@@ -103,7 +103,7 @@ def _every(env: Mapping[str, str], name: str) -> Optional[int]:
     return value or None
 
 
-def from_env(env: Optional[Mapping[str, str]] = None) -> Knobs:
+def from_env(env: Mapping[str, str] | None = None) -> Knobs:
     env = os.environ if env is None else env
     scale = _number(env, "HARNESS_SIM_TIME_SCALE")
     scale = 1.0 if scale is None else scale

@@ -39,9 +39,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Tuple
 
-REFERENCE_MS: Dict[str, float] = {
+REFERENCE_MS: dict[str, float] = {
     "copy": 67.0, "communication": 6.6, "moe": 6.6, "norm": 3.4,
     "attention": 3.0, "elementwise": 2.8, "gemm": 2.3, "idle": 5.3,
 }
@@ -87,8 +86,8 @@ class Kernel:
     us: float
     op: str
     """The CPU op that launches it when CUDA graphs are off."""
-    grid: Tuple[int, int, int] = (132, 1, 1)
-    block: Tuple[int, int, int] = (128, 1, 1)
+    grid: tuple[int, int, int] = (132, 1, 1)
+    block: tuple[int, int, int] = (128, 1, 1)
     stream: int = 7
 
 
@@ -100,8 +99,8 @@ class _Slot:
     share: float
     name: str
     op: str
-    grid: Tuple[int, int, int] = (132, 1, 1)
-    block: Tuple[int, int, int] = (128, 1, 1)
+    grid: tuple[int, int, int] = (132, 1, 1)
+    block: tuple[int, int, int] = (128, 1, 1)
     stream: int = 7
 
 
@@ -116,7 +115,7 @@ def _cast_kernel(kv_dtype: str) -> str:
             f"(int, {lam}, std::array<char*, 2ul>, {calc}, {calc}, {io})")
 
 
-def _allreduce_kernel(cfg: SimConfig) -> Tuple[str, str]:
+def _allreduce_kernel(cfg: SimConfig) -> tuple[str, str]:
     if cfg.mscclpp:
         return ("void mscclpp::allreduceAllPairs<__nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, "
                 "mscclpp::DeviceHandle<mscclpp::MemoryChannel>*, unsigned long, int, int, unsigned long)",
@@ -124,7 +123,7 @@ def _allreduce_kernel(cfg: SimConfig) -> Tuple[str, str]:
     return "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "c10d::allreduce_"
 
 
-def _layer_slots(cfg: SimConfig) -> List[_Slot]:
+def _layer_slots(cfg: SimConfig) -> list[_Slot]:
     """The kernels of one decoder layer, in launch order."""
     ar, ar_op = _allreduce_kernel(cfg)
     vllm = cfg.engine == "vllm"
@@ -185,7 +184,7 @@ class LatencyModel:
     def _batch(self, batch: int) -> int:
         return max(1, math.ceil(batch / max(1, self.config.dp)))
 
-    def step_ms(self, batch: int = 1) -> Dict[str, float]:
+    def step_ms(self, batch: int = 1) -> dict[str, float]:
         """One decode step for `batch` running requests, by category; "idle" is GPU time lost to the host."""
         c, b = self.config, self._batch(batch)
         compute = 0.25 + 0.75 * 8 / max(1, c.tp)
@@ -221,7 +220,7 @@ class LatencyModel:
         """Time to first token of a request that arrives at an idle server."""
         return self.prefill_ms(prompt_tokens)
 
-    def prefill_kernels(self, requests: int, prompt_tokens: int) -> List[Kernel]:
+    def prefill_kernels(self, requests: int, prompt_tokens: int) -> list[Kernel]:
         """The kernels of a prefill step: the decode mix of `requests`, stretched so that their busy time
         is `prefill_ms` less the step's host idle (the trace and the scheduler agree on its length)."""
         kernels = self.step_kernels(requests)
@@ -233,7 +232,7 @@ class LatencyModel:
     def kernels_per_step(self) -> int:
         return len(_layer_slots(self.config)) * self.config.layers
 
-    def step_kernels(self, batch: int = 1) -> List[Kernel]:
+    def step_kernels(self, batch: int = 1) -> list[Kernel]:
         """The GPU kernels of one decode step on one rank, in launch order.
 
         Their durations add up to the step's non-idle time (with PP, a rank runs only its stage's layers
@@ -241,7 +240,7 @@ class LatencyModel:
         c = self.config
         budget = self.step_ms(batch)
         slots = _layer_slots(c)
-        shares: Dict[str, float] = {}
+        shares: dict[str, float] = {}
         for s in slots:
             shares[s.category] = shares.get(s.category, 0.0) + s.share
         per_rank = max(1, c.layers // max(1, c.pp))

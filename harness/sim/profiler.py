@@ -38,13 +38,12 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Union
 
 from harness.sim.model import LatencyModel
-from harness.sim.trace import (Step, write_frontend_key_averages, write_frontend_trace, write_key_averages,
-                               write_trace)
+from harness.sim.trace import Step, write_frontend_key_averages, write_frontend_trace, write_key_averages, write_trace
 
-Reply = Tuple[int, Union[str, Dict[str, Any]]]
+Reply = tuple[int, Union[str, dict[str, Any]]]
 """A status and a body: text, or a JSON object."""
 ALREADY = "Profiling is already in progress. Call /stop_profile first."
 NOT_IN_PROGRESS = "Profiling is not in progress. Call /start_profile first."
@@ -53,7 +52,7 @@ VLLM_ACTIVE = ("A profiling session is already active. Call /stop_profile before
 
 
 def sglang_rank_names(*, tp: int, dp: int, pp: int, ep: int, nnodes: int = 1, node_rank: int = 0
-                      ) -> List[Tuple[int, str]]:
+                      ) -> list[tuple[int, str]]:
     """(global rank, file-name part) of every rank on this node, in SGLang's naming."""
     world = tp * pp
     per_node = max(1, world // max(1, nnodes))
@@ -72,7 +71,7 @@ def sglang_rank_names(*, tp: int, dp: int, pp: int, ep: int, nnodes: int = 1, no
 
 
 def vllm_worker_names(*, tp: int, dp: int, pp: int, expert_parallel: bool, nnodes: int = 1,
-                      node_rank: int = 0) -> List[Tuple[int, str]]:
+                      node_rank: int = 0) -> list[tuple[int, str]]:
     """(global rank, rank suffix) of every worker on this node, as vLLM's get_worker_rank_suffix
     names them (0.26 / 0.32): the bare global rank unless the model has an expert-parallel group."""
     world = tp * pp * dp
@@ -90,14 +89,14 @@ def vllm_worker_names(*, tp: int, dp: int, pp: int, expert_parallel: bool, nnode
 @dataclass
 class _Session:
     output_dir: Path
-    num_steps: Optional[int]
+    num_steps: int | None
     start_at: int
     prefix: str
     by_stage: bool
     write_traces: bool
     profile_id: str = field(default_factory=lambda: str(time.time()))
     started_ns: int = field(default_factory=time.time_ns)
-    recorded: List[Step] = field(default_factory=list)
+    recorded: list[Step] = field(default_factory=list)
     admitted: int = 0
     """Requests admitted while the session was active (what vLLM's front end saw come and go)."""
 
@@ -108,7 +107,7 @@ class _Session:
     def record(self, step: Step) -> None:
         self.recorded.append(step)
 
-    def stage(self, prefill: bool) -> List[Step]:
+    def stage(self, prefill: bool) -> list[Step]:
         """The steps SGLang's profile_by_stage puts in its -EXTEND (prefill) or -DECODE file."""
         return [s for s in self.recorded if bool(s.prefill) == prefill]
 
@@ -125,15 +124,15 @@ async def _export(write: Callable[[_Session], None], s: _Session, log: Callable[
 
 
 class SglangProfiler:
-    def __init__(self, *, model: LatencyModel, ranks: List[Tuple[int, str]], world_size: int,
-                 trace_mb: Optional[float], fail: bool, log: Callable[[str], None]):
+    def __init__(self, *, model: LatencyModel, ranks: list[tuple[int, str]], world_size: int,
+                 trace_mb: float | None, fail: bool, log: Callable[[str], None]):
         self.model, self.ranks, self.world_size = model, ranks, world_size
         self.trace_mb, self.fail, self.log = trace_mb, fail, log
-        self.session: Optional[_Session] = None
+        self.session: _Session | None = None
         self.forward_ct = 0
         self.lock = asyncio.Lock()
 
-    async def start(self, body: Dict[str, Any]) -> Reply:
+    async def start(self, body: dict[str, Any]) -> Reply:
         async with self.lock:
             if self.fail:
                 return self._refuse("CUDA error: an illegal memory access was encountered")
@@ -205,22 +204,22 @@ class SglangProfiler:
 class VllmProfiler:
     """vLLM 0.32's profiler session: one at a time, bounded by launch flags or the start body."""
 
-    def __init__(self, *, config: Dict[str, Any], model: LatencyModel, workers: List[Tuple[int, str]],
-                 world_size: int, trace_mb: Optional[float], fail: bool, log: Callable[[str], None]):
+    def __init__(self, *, config: dict[str, Any], model: LatencyModel, workers: list[tuple[int, str]],
+                 world_size: int, trace_mb: float | None, fail: bool, log: Callable[[str], None]):
         self.config, self.model, self.workers, self.world_size = config, model, workers, world_size
         self.trace_mb, self.fail, self.log = trace_mb, fail, log
         kind = config.get("profiler")
         self.torch = kind == "torch" and bool(config.get("torch_profiler_dir"))
         self.enabled = self.torch or kind == "cuda"
         self.frontend = config.get("ignore_frontend") not in (True, "true", "True", 1)
-        self.active: Optional[_Session] = None
+        self.active: _Session | None = None
         """The session the API server holds open, until /stop_profile."""
-        self.session: Optional[_Session] = None
+        self.session: _Session | None = None
         """The same session while the workers still record it (None once they stopped themselves)."""
         self.delay = 0
         self.lock = asyncio.Lock()
 
-    async def start(self, body: Dict[str, Any]) -> Reply:
+    async def start(self, body: dict[str, Any]) -> Reply:
         async with self.lock:
             if self.fail:
                 return 500, "Internal Server Error"
@@ -244,7 +243,7 @@ class VllmProfiler:
             self.log(f"Starting profiler, traces will be saved to {out}")
             return 200, ""
 
-    def _bounds(self, body: Dict[str, Any]) -> Tuple[Optional[int], int]:
+    def _bounds(self, body: dict[str, Any]) -> tuple[int | None, int]:
         """max_iterations (None: until /stop_profile) and delay_iterations: the body's, else the flags'."""
         values = []
         for key in ("max_iterations", "delay_iterations"):

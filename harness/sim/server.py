@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import time
 from argparse import Namespace
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Union
 
 from harness.sim import flags, http
 from harness.sim.engine import EmitLog, Scheduler, new_generation
@@ -206,7 +206,7 @@ class SimServer:
         finally:
             writer.close()
 
-    async def _dispatch(self, req: http.Request, writer: asyncio.StreamWriter) -> Tuple[int, bool]:
+    async def _dispatch(self, req: http.Request, writer: asyncio.StreamWriter) -> tuple[int, bool]:
         """Answer one request; return its status and whether the connection stays open."""
         keep = req.keep_alive
         route = (req.method, req.path)
@@ -215,7 +215,9 @@ class SimServer:
             if req.method != "POST":
                 return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
             return await self._generate(req, writer, chat=req.path.endswith("chat/completions"))
-        if req.path in ("/start_profile", "/stop_profile") and (sglang or self.profiler.enabled):
+        # SGLang's profiler is always there (self.profiler is an SglangProfiler exactly when sglang)
+        if req.path in ("/start_profile", "/stop_profile") and (isinstance(self.profiler, SglangProfiler)
+                                                                 or self.profiler.enabled):
             if req.method not in (("GET", "POST") if sglang else ("POST",)):
                 return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
             status, answer = await self._profile(req)
@@ -249,7 +251,7 @@ class SimServer:
             return self._send(writer, 200, {"version": flags.VLLM_VERSION}, keep)
         return self._send(writer, 404, NOT_FOUND, keep)
 
-    def _send(self, writer: asyncio.StreamWriter, status: int, value: Any, keep: bool) -> Tuple[int, bool]:
+    def _send(self, writer: asyncio.StreamWriter, status: int, value: Any, keep: bool) -> tuple[int, bool]:
         writer.write(http.json_response(status, value, keep))
         return status, keep
 
@@ -263,7 +265,7 @@ class SimServer:
             return 400, "invalid JSON body"
         return await self.profiler.start(body if isinstance(body, dict) else {})
 
-    async def _generate(self, req: http.Request, writer: asyncio.StreamWriter, chat: bool) -> Tuple[int, bool]:
+    async def _generate(self, req: http.Request, writer: asyncio.StreamWriter, chat: bool) -> tuple[int, bool]:
         keep = req.keep_alive
         if self.state != "up":
             return self._send(writer, 503, {"object": "error", "message": "The server is not ready yet.",
@@ -289,7 +291,7 @@ class SimServer:
             writer.write(http.response(200, g.body(), keep_alive=keep))
         return 200, keep and g.finish_reason != "abort"
 
-    def _models(self) -> Dict[str, Any]:
+    def _models(self) -> dict[str, Any]:
         owner = "sglang" if self.engine == "sglang" else "vllm"
         root = flags.model_path(self.engine, self.ns)
         return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()), "owned_by": owner,

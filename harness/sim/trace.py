@@ -32,9 +32,10 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Union
 
 from harness.sim.model import IDLE_STEP_MS, Kernel, LatencyModel
 
@@ -92,7 +93,7 @@ def step_us(model: LatencyModel, step: Step) -> float:
     return model.itl_ms(step.decode) * 1000
 
 
-def step_kernels(model: LatencyModel, step: Step) -> List[Kernel]:
+def step_kernels(model: LatencyModel, step: Step) -> list[Kernel]:
     if step.idle:
         return []
     if step.prefill:
@@ -118,9 +119,9 @@ _PY_FRAMES = (
 )
 
 
-def write_trace(path: Union[str, Path], *, model: LatencyModel, steps: Steps, rank: int = 0,
-                world_size: int = 1, batch: int = 1, pad_to_mb: Optional[float] = None,
-                start_ns: Optional[int] = None, seed: int = 0) -> int:
+def write_trace(path: str | Path, *, model: LatencyModel, steps: Steps, rank: int = 0,
+                world_size: int = 1, batch: int = 1, pad_to_mb: float | None = None,
+                start_ns: int | None = None, seed: int = 0) -> int:
     """Write one rank's trace of `steps` (a list of `Step`, or a count of decode steps at `batch`
     running requests); return its size.
 
@@ -157,9 +158,9 @@ class _Writer:
     """Formats events and pushes them through gzip; counters give every event its own ids."""
 
     def __init__(self, path: Path, *, rank: int, world_size: int, model: LatencyModel, seed: int):
-        self.raw: BinaryIO = open(path, "wb")
-        self.out: BinaryIO = (gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=4)
-                              if path.suffix == ".gz" else self.raw)
+        self.raw: BinaryIO = open(path, "wb")  # noqa: SIM115  (the writer owns the file: close() closes it)
+        self.out: gzip.GzipFile | BinaryIO = (gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=4)
+                                              if path.suffix == ".gz" else self.raw)
         self.rank, self.world_size, self.model = rank, world_size, model
         self.device = rank % GPUS_PER_NODE
         self.pid = 41000 + rank  # one process per rank, as the engines run them
@@ -167,10 +168,10 @@ class _Writer:
         self.ext = self.corr = 1
         self.first = True
         self.rng = random.Random(seed * 1_000_003 + rank)
-        self.names: Dict[str, str] = {}
-        self.kernels: Dict[Step, List[Kernel]] = {}
+        self.names: dict[str, str] = {}
+        self.kernels: dict[Step, list[Kernel]] = {}
 
-    def _kernels(self, step: Step) -> List[Kernel]:
+    def _kernels(self, step: Step) -> list[Kernel]:
         """A step's kernels, kept for the steps of the same shape (a few dozen shapes at most)."""
         kernels = self.kernels.get(step)
         if kernels is None:
@@ -182,7 +183,7 @@ class _Writer:
     def size(self) -> int:
         return self.raw.tell()
 
-    def put(self, events: List[str]) -> None:
+    def put(self, events: list[str]) -> None:
         if not events:
             return
         text = ",\n".join(events)
@@ -196,7 +197,7 @@ class _Writer:
             self.out.close()
         self.raw.close()
 
-    def header(self, t0: float) -> List[str]:
+    def header(self, t0: float) -> list[str]:
         devices = [{"id": d, "name": GPU_NAME, "totalGlobalMem": 102_006_259_712, "computeMajor": 12,
                     "computeMinor": 0, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 1536,
                     "regsPerBlock": 65536, "warpSize": 32, "sharedMemPerBlock": 49152, "numSms": 188,
@@ -239,7 +240,7 @@ class _Writer:
                 '"est. achieved occupancy %%": 0' % (ext, self.device, k.stream, corr, *k.grid, *k.block))
         return _X % ("kernel", self._name(k.name), self.device, k.stream, ts, dur, args)
 
-    def _flow(self, corr: int, launch_ts: float, kernel_ts: float, stream: int) -> List[str]:
+    def _flow(self, corr: int, launch_ts: float, kernel_ts: float, stream: int) -> list[str]:
         return [_FLOW % ("s", corr, self.pid, self.tid, launch_ts, ""),
                 _FLOW % ("f", corr, self.device, stream, kernel_ts, ', "bp": "e"')]
 
@@ -247,14 +248,14 @@ class _Writer:
         return self._cpu("cuda_runtime", name, ts, dur,
                          '"External id": %d, "cbid": %d, "correlation": %d' % (self.ext, cbid, self.corr))
 
-    def step(self, t: float, step: Step) -> List[str]:
+    def step(self, t: float, step: Step) -> list[str]:
         """One forward step starting at `t` (us), inside its step span."""
         itl = step_us(self.model, step)
         name = step_span_name(self.model.config.engine, step)
         span_ext = self.ext
         self.ext += 1
         # the span opens before anything it holds, as record_function's range is entered first
-        ev: List[str] = [self._cpu("user_annotation", name, t, itl, '"External id": %d' % span_ext)]
+        ev: list[str] = [self._cpu("user_annotation", name, t, itl, '"External id": %d' % span_ext)]
         kernels = self._kernels(step)
         if not kernels:
             return ev  # an idle step: scheduler work on the host, nothing on the GPU
@@ -263,8 +264,8 @@ class _Writer:
                         max(last - first, 0.0), '"External id": %d' % span_ext))
         return ev
 
-    def _gpu_work(self, ev: List[str], t: float, itl: float, kernels: List[Kernel], batch: int
-                  ) -> Tuple[float, float]:
+    def _gpu_work(self, ev: list[str], t: float, itl: float, kernels: list[Kernel], batch: int
+                  ) -> tuple[float, float]:
         """A step's input copy, launches and kernels; returns its first kernel's start and last one's end."""
         jitter = [k.us * self.rng.uniform(0.97, 1.03) for k in kernels]
         idle = max(itl - sum(jitter), 0.0)
@@ -307,7 +308,7 @@ class _Writer:
                 cursor = start + dur
         return first, cursor
 
-    def python_functions(self, start: float, end: float, count: int) -> List[str]:
+    def python_functions(self, start: float, end: float, count: int) -> list[str]:
         """Stack-sampling events as with_stack=True records them, spread over the traced window."""
         ev = []
         for _ in range(count):
@@ -319,9 +320,9 @@ class _Writer:
         return ev
 
 
-def write_key_averages(path: Union[str, Path], *, model: LatencyModel, steps: Steps, batch: int = 1) -> None:
+def write_key_averages(path: str | Path, *, model: LatencyModel, steps: Steps, batch: int = 1) -> None:
     """vLLM's `profiler_out.txt`: torch's key_averages() table, sorted by self CUDA time."""
-    rows: Dict[str, List[float]] = {}
+    rows: dict[str, list[float]] = {}
     for step, times in Counter(as_steps(steps, batch)).items():
         for k in step_kernels(model, step):
             row = rows.setdefault(k.name, [0.0, 0])
@@ -335,7 +336,7 @@ FRONTEND_OPS = ("aten::empty", "aten::to", "aten::_to_copy", "aten::copy_")
 simulator's; what vLLM 0.26/0.32's front-end file shows is that it has CPU ops only, no rank)."""
 
 
-def write_frontend_trace(path: Union[str, Path], *, pid: int, start_ns: int, end_ns: int, requests: int,
+def write_frontend_trace(path: str | Path, *, pid: int, start_ns: int, end_ns: int, requests: int,
                          seed: int = 0) -> int:
     """vLLM's API-server trace (`{host}_{pid}.async_llm.{ns}.pt.trace.json.gz`): CPU ops on the front
     end's thread over the session, no kernel, no step span, no distributedInfo; return its size."""
@@ -343,6 +344,7 @@ def write_frontend_trace(path: Union[str, Path], *, pid: int, start_ns: int, end
     rng = random.Random(seed)
     t0 = 1_000_000.0
     window = max(1.0, (end_ns - start_ns) / 1000)
+    events: list[dict[str, Any]]
     events = [{"name": "process_name", "ph": "M", "ts": t0, "pid": pid, "tid": 0, "args": {"name": "python3"}},
               {"name": "thread_name", "ph": "M", "ts": t0, "pid": pid, "tid": pid,
                "args": {"name": "thread %d (python3)" % pid}}]
@@ -360,13 +362,13 @@ def write_frontend_trace(path: Union[str, Path], *, pid: int, start_ns: int, end
     return path.stat().st_size
 
 
-def write_frontend_key_averages(path: Union[str, Path], *, requests: int) -> None:
+def write_frontend_key_averages(path: str | Path, *, requests: int) -> None:
     """The front end's `profiler_out.txt`: the same table over its CPU ops (self CPU time)."""
     rows = {name: [12.0 * max(1, requests), max(1, requests)] for name in FRONTEND_OPS}
     _write_table(path, "Self CPU", rows)
 
 
-def _write_table(path: Union[str, Path], column: str, rows: Dict[str, List[float]]) -> None:
+def _write_table(path: str | Path, column: str, rows: dict[str, list[float]]) -> None:
     total = sum(us for us, _ in rows.values()) or 1.0
     width = 60
     head = "%-*s  %12s  %12s  %12s  %12s  %12s" % (width, "Name", column, column + " %", column.replace("Self ", "")

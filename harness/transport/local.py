@@ -55,6 +55,7 @@ class _PipeProcess:
         self._err = Tail()
         self._stdin = memoryview(stdin or b"")
         self._sel = selectors.DefaultSelector()
+        assert self._proc.stdout is not None and self._proc.stderr is not None  # both PIPE, above
         self._sel.register(self._proc.stdout, selectors.EVENT_READ)
         self._sel.register(self._proc.stderr, selectors.EVENT_READ)
         if self._proc.stdin is not None:
@@ -82,14 +83,16 @@ class _PipeProcess:
         return out
 
     def _write_stdin(self) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None  # called only while stdin is registered: a pipe
         try:
-            sent = os.write(self._proc.stdin.fileno(), self._stdin[:_CHUNK])
+            sent = os.write(stdin.fileno(), self._stdin[:_CHUNK])
             self._stdin = self._stdin[sent:]
         except BrokenPipeError:  # the command stopped reading stdin: it decides what that means
             self._stdin = self._stdin[:0]
         if not self._stdin:
-            self._sel.unregister(self._proc.stdin)
-            self._proc.stdin.close()
+            self._sel.unregister(stdin)
+            stdin.close()
 
     def read(self, deadline: float) -> bytes:
         while self._proc.stdout in self._open():

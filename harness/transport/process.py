@@ -39,8 +39,11 @@ class ProcessTransport:
     """The shared half of a transport: subclasses provide `_spawn`, `put` and `close`."""
 
     host: HostSpec
-    # Compress pull streams: worth it over a network, wasted CPU on this machine.
-    compress_pulls = False
+
+    @property
+    def compress_pulls(self) -> bool:
+        """Compress pull streams: worth it over a network, wasted CPU on this machine."""
+        return False
 
     def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> Process:
         raise NotImplementedError

@@ -22,6 +22,7 @@ from __future__ import annotations
 import binascii
 import contextlib
 import ipaddress
+import itertools
 import math
 import os
 import posixpath
@@ -89,13 +90,13 @@ class SSHTransport(ProcessTransport):
         self.close()
         host = self.host
         config = Config(runtime_ssh_path=str(self._ssh_config)) if self._ssh_config else Config()
-        keys = {"key_filename": [_existing_key(host)]} if host.identity_file else {}
+        keys = {"key_filename": [_existing_key(host, host.identity_file)]} if host.identity_file else {}
         gateway = Connection(host.jump, config=config, connect_kwargs=dict(keys)) if host.jump else None
         target = Connection(host.address or host.name, user=host.user, port=host.port, config=config,
                             gateway=gateway, connect_kwargs=dict(keys))
         hops = _chain(target)
         try:
-            for before, conn in zip([None, *hops], hops):
+            for before, conn in itertools.pairwise([None, *hops]):
                 self._hops.append(conn)  # first, so that close() also ends a half-open attempt
                 self._open(conn, via=before)
         except BaseException:
@@ -399,10 +400,10 @@ def _known_hosts_name(conn: Connection) -> str:
     return conn.host if int(conn.port) == 22 else f"[{conn.host}]:{conn.port}"
 
 
-def _existing_key(host: HostSpec) -> str:
-    path = os.path.expanduser(host.identity_file)
+def _existing_key(host: HostSpec, identity_file: str) -> str:
+    path = os.path.expanduser(identity_file)
     if not os.path.isfile(path):
-        raise AuthError(f"identity file {host.identity_file} does not exist", host=host.name)
+        raise AuthError(f"identity file {identity_file} does not exist", host=host.name)
     return path
 
 

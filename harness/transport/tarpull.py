@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import math
 import os
 import shlex
@@ -25,6 +26,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import IO, cast
 
 from harness.errors import RemoteError
 from harness.transport.base import Pulled, shell_path
@@ -117,8 +119,13 @@ class _Unzstd:
     """
 
     def __init__(self, wire: _Reader):
+        assert ZSTD is not None, "a zstd stream, and no zstd here"
         self._proc = subprocess.Popen([ZSTD, "-d", "-c", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE)
+        # all three are pipes (PIPE above), and stdout is buffered (bufsize=-1), so it has read1
+        self._stdin = cast(IO[bytes], self._proc.stdin)
+        self._stdout = cast(io.BufferedReader, self._proc.stdout)
+        self._stderr = cast(IO[bytes], self._proc.stderr)
         self._error: BaseException | None = None
         self._feeder = threading.Thread(target=self._feed, args=(wire,), daemon=True)
         self._feeder.start()
@@ -126,30 +133,30 @@ class _Unzstd:
     def _feed(self, wire: _Reader) -> None:
         try:
             while chunk := wire.read(_CHUNK):
-                self._proc.stdin.write(chunk)
+                self._stdin.write(chunk)
         except BrokenPipeError:
             pass  # zstd stopped (a corrupt stream, or close()): its exit status says which
         except BaseException as e:  # noqa: BLE001 - handed to the reader's thread
             self._error = e
         finally:
             with contextlib.suppress(BrokenPipeError):
-                self._proc.stdin.close()
+                self._stdin.close()
 
     def read(self) -> bytes:
-        if data := self._proc.stdout.read1(_CHUNK):
+        if data := self._stdout.read1(_CHUNK):
             return data
         self._feeder.join()
         if self._error is not None:
             raise self._error
         if self._proc.wait() != 0:
-            raise tarfile.ReadError(f"zstd: {self._proc.stderr.read().decode(errors='replace').strip()}")
+            raise tarfile.ReadError(f"zstd: {self._stderr.read().decode(errors='replace').strip()}")
         return b""
 
     def close(self) -> None:
         self._proc.kill()
         self._proc.wait()
         self._feeder.join(5)  # it ends once the wire does: the caller closes the channel on failure
-        for pipe in (self._proc.stdout, self._proc.stderr):
+        for pipe in (self._stdout, self._stderr):
             pipe.close()
 
 
@@ -192,8 +199,15 @@ class Staging:
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.local_dir.name}.pull-", dir=self.local_dir.parent))
         return self
 
-    def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    @property
+    def _dir(self) -> Path:
+        """The staging directory, which __enter__ makes."""
+        assert self.tmp is not None, "a Staging is used inside its with block"
+        return self.tmp
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def extract(self, read: Callable[[], bytes]) -> None:
         """Extract the stream that `read` yields chunk by chunk (b"" at its end) into the staging dir:
@@ -205,6 +219,8 @@ class Staging:
             if wire.peek(4) != _ZSTD_MAGIC:
                 self._extract(wire)
                 return
+            if ZSTD is None:   # we never ask for zstd without having it: the host sent it unasked
+                raise Refused(f"pulling {self.label}: the host sent a zstd stream, and zstd is not installed here")
             unzstd = _Unzstd(wire)
             try:
                 self._extract(_Reader(unzstd.read))
@@ -221,26 +237,29 @@ class Staging:
         """Only directories and regular files, each through `_filter`; nothing here creates a link,
         so no path can lead outside the staging directory once `_filter` has checked its name."""
         members = 0
-        with tarfile.open(fileobj=stream, mode="r|*", bufsize=_TAR_BUFFER) as tar:
+        # typeshed's fileobj protocol asks for write, tell, seek and close too; stream mode only reads
+        with tarfile.open(fileobj=stream, mode="r|*", bufsize=_TAR_BUFFER) as tar:  # type: ignore[call-overload]
             for member in tar:
                 members += 1
                 if members > MAX_MEMBERS:
                     raise Refused(f"pulling {self.label}: more than {MAX_MEMBERS} entries")
-                if (member := self._filter(member, str(self.tmp))) is None:
+                if (member := self._filter(member, str(self._dir))) is None:
                     continue
-                path = self.tmp / member.name
+                path = self._dir / member.name
                 if member.isdir():
                     path.mkdir(parents=True, exist_ok=True)
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    self._write(tar.extractfile(member), path, member)
+                    source = tar.extractfile(member)
+                    assert source is not None  # a regular file (see _filter): extractfile gives it a reader
+                    self._write(source, path, member)
         trailer = 0
         while chunk := stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
             trailer += len(chunk)
             if trailer > TRAILER_MAX:
                 raise Refused(f"pulling {self.label}: data goes on after the end of the archive")
 
-    def _write(self, source, path: Path, member: tarfile.TarInfo) -> None:
+    def _write(self, source: IO[bytes], path: Path, member: tarfile.TarInfo) -> None:
         digest = hashlib.sha256()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         written = 0
@@ -256,7 +275,7 @@ class Staging:
         os.chmod(path, member.mode)
         if math.isfinite(member.mtime):  # a pax header can say mtime=nan
             os.utime(path, (member.mtime, member.mtime))
-        self._files[path.relative_to(self.tmp).as_posix()] = (digest.hexdigest(), member.size)
+        self._files[path.relative_to(self._dir).as_posix()] = (digest.hexdigest(), member.size)
 
     def _filter(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
         why = None
@@ -277,7 +296,7 @@ class Staging:
         return tarfile.data_filter(member, dest)
 
     def _check_room(self, coming: int = 0) -> None:
-        free = shutil.disk_usage(self.tmp).free
+        free = shutil.disk_usage(self._dir).free
         if free - coming < LOCAL_RESERVE:
             raise TooLarge(f"pulling {self.label}: the local disk has {free / 1e9:.2f} GB free, too little "
                            f"for what is coming ({coming / 1e9:.2f} GB more): make room")
@@ -285,13 +304,13 @@ class Staging:
     def commit(self) -> Pulled:
         """Move the extracted tree into `local_dir` (merging if it exists), the renames on the disk."""
         if not self.local_dir.exists():
-            os.rename(self.tmp, self.local_dir)
+            os.rename(self._dir, self.local_dir)
             _fsync_dir(self.local_dir.parent)
         else:
             for rel in self._files:
                 dest = self.local_dir / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(self.tmp / rel, dest)
+                os.replace(self._dir / rel, dest)
             for folder in {(self.local_dir / rel).parent for rel in self._files}:
                 _fsync_dir(folder)
         return Pulled(files=len(self._files), bytes=sum(size for _, size in self._files.values()),

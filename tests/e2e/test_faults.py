@@ -291,7 +291,8 @@ def test_case35_resuming_an_edited_playbook_is_refused_with_the_differences(tmp_
     pb = playbook(tmp_path, profile="none", configs=[
         {"name": "a"}, {"name": "b", "env": {"HARNESS_SIM_FAULT": "oom_at_start"}}])
     first = harness("sweep", pb, "-i", inv, "-o", out)
-    assert first.returncode == 1 and {k: m["status"] for k, m in manifests(out).items()} == {"a-1": "ok", "b-1": "failed"}
+    assert first.returncode == 1 and ({k: m["status"] for k, m in manifests(out).items()}
+                                      == {"a-1": "ok", "b-1": "failed"})
     a_manifest = sweep_dir(out) / "runs" / "a-1" / "manifest.json"
     a_written = a_manifest.stat().st_mtime_ns
 

@@ -163,7 +163,7 @@ def test_eight_transports_pull_at_once_each_on_its_own_connection(hosts):
 
     with ThreadPoolExecutor(len(workers)) as pool:
         outcomes = list(pool.map(pull, workers, timeout=120))
-    for (h, _), (sha256, _) in zip(workers, outcomes):
+    for (h, _), (sha256, _) in zip(workers, outcomes, strict=True):
         assert sha256 == {name: hashlib.sha256((h.workdir / "run" / name).read_bytes()).hexdigest()
                           for name in ("trace.bin", "server.log")}
     assert len({connection for _, connection in outcomes}) == len(workers)

@@ -57,6 +57,7 @@ exec python {{ command }}
 
 def test_a_torch_window_around_any_server_brings_back_its_trace_and_torchs_own_table(tmp_path, ssh_inventory):
     import sys
+
     from tests.remote_venv import make_remote_venv
     venv = make_remote_venv(tmp_path / "venv")
     site = next((venv / "lib").glob("python3*/site-packages"))

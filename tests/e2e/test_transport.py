@@ -251,9 +251,8 @@ def test_an_endless_stream_of_entries_stops_at_the_cap(tmp_path, monkeypatch):
     monkeypatch.setattr("harness.transport.tarpull.MAX_MEMBERS", 50)
     stream = archive(*[(f"f{i}", b"", {}) for i in range(51)])
     chunks = iter([stream])
-    with Staging(tmp_path / "run", label="endless") as staging:
-        with pytest.raises(Refused, match="more than 50 entries"):
-            staging.extract(lambda: next(chunks, b""))
+    with Staging(tmp_path / "run", label="endless") as staging, pytest.raises(Refused, match="more than 50 entries"):
+        staging.extract(lambda: next(chunks, b""))
 
 
 def test_a_compressed_stream_arriving_a_byte_at_a_time_extracts_whole(tmp_path):

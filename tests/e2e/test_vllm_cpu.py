@@ -121,7 +121,9 @@ def test_steps_and_the_time_per_step_come_from_vllms_own_step_spans(sweep, confi
     run_dir, m = runs_of(sweep, config)
     analysis = json.loads((run_dir / "analysis.json").read_text())
     (trace,) = [p for p in (run_dir / "profile").glob("rank*.pt.trace.json.gz")]
-    spans = [e for e in json.load(gzip.open(trace))["traceEvents"]
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    spans = [e for e in events
              if e.get("cat") == "user_annotation" and e["name"].startswith("execute_context_")]
     decode = [e for e in spans if re.match(r"execute_context_0\(\d+\)_generation_[1-9]", e["name"])]
     assert 0 < len(spans) <= NUM_STEPS + 1

@@ -21,7 +21,8 @@ def test_the_root_cause_is_found_under_the_wrappers_of_each_process(tmp_path):
 
 
 @pytest.mark.parametrize("log, expected", [
-    ("loading\nvllm: error: unrecognized arguments: --enforce-eagr\n", "vllm: error: unrecognized arguments: --enforce-eagr"),
+    ("loading\nvllm: error: unrecognized arguments: --enforce-eagr\n",
+     "vllm: error: unrecognized arguments: --enforce-eagr"),
     ("a\nRuntimeError: Engine core initialization failed. See root cause above.\n",
      "RuntimeError: Engine core initialization failed. See root cause above."),
     ("all fine\nbye\n", ""),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import itertools
 import json
 import os
 import re
@@ -13,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -31,7 +31,7 @@ def free_port() -> int:
 class Sim:
     """One `python -m harness.sim` process, its port and its log."""
 
-    def __init__(self, tmp_path: Path, engine: str, *args: str, env: Optional[Dict[str, str]] = None):
+    def __init__(self, tmp_path: Path, engine: str, *args: str, env: dict[str, str] | None = None):
         self.port = free_port()
         self.log_path = tmp_path / f"server-{self.port}.log"
         port_flag = ["--port", str(self.port), "--host", "127.0.0.1"]
@@ -52,8 +52,8 @@ class Sim:
             assert time.monotonic() < deadline, f"{text!r} never logged:\n{self.log()}"
             time.sleep(0.02)
 
-    def request(self, method: str, path: str, body: Optional[dict] = None, timeout: float = DEADLINE_S
-                ) -> Tuple[int, bytes]:
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = DEADLINE_S
+                ) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             data = json.dumps(body).encode() if body is not None else None
@@ -63,9 +63,9 @@ class Sim:
         finally:
             conn.close()
 
-    def health_statuses(self) -> List[int]:
+    def health_statuses(self) -> list[int]:
         """Poll /health until it says 200, recording every answer (0 = connection refused)."""
-        seen: List[int] = []
+        seen: list[int] = []
         deadline = time.monotonic() + DEADLINE_S
         while not seen or seen[-1] != 200:
             assert time.monotonic() < deadline, f"never healthy; saw {sorted(set(seen))}\n{self.log()}"
@@ -76,7 +76,7 @@ class Sim:
                 time.sleep(0.01)
         return seen
 
-    def wait_ready(self) -> "Sim":
+    def wait_ready(self) -> Sim:
         self.health_statuses()
         return self
 
@@ -88,9 +88,9 @@ class Sim:
 
 @pytest.fixture
 def sim(tmp_path):
-    started: List[Sim] = []
+    started: list[Sim] = []
 
-    def start(engine: str, *args: str, env: Optional[Dict[str, str]] = None, ready: bool = True) -> Sim:
+    def start(engine: str, *args: str, env: dict[str, str] | None = None, ready: bool = True) -> Sim:
         s = Sim(tmp_path, engine, *args, env=env)
         started.append(s)
         return s.wait_ready() if ready else s
@@ -100,7 +100,7 @@ def sim(tmp_path):
         s.stop()
 
 
-def sse_events(raw: bytes) -> List[object]:
+def sse_events(raw: bytes) -> list[object]:
     """The `data:` payloads of an event stream, decoded ([DONE] stays a string)."""
     events = []
     for block in raw.decode().split("\n\n"):
@@ -110,7 +110,7 @@ def sse_events(raw: bytes) -> List[object]:
     return events
 
 
-def text_chunks(events: List[object]) -> List[str]:
+def text_chunks(events: list[object]) -> list[str]:
     out = []
     for e in events:
         if isinstance(e, dict) and e["choices"]:
@@ -121,7 +121,7 @@ def text_chunks(events: List[object]) -> List[str]:
     return out
 
 
-def complete(s: Sim, max_tokens: int = 5, **extra) -> List[object]:
+def complete(s: Sim, max_tokens: int = 5, **extra) -> list[object]:
     body = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True, **extra}
     status, raw = s.request("POST", "/v1/completions", body)
@@ -219,7 +219,7 @@ def test_emit_log_records_every_token_and_sigterm_flushes_it(sim, tmp_path):
     rows = [json.loads(line) for line in emit.read_text().splitlines()]
     assert [r["token"] for r in rows] == list(range(6))
     assert {r["request"] for r in rows} == {events[0]["id"]}
-    assert all(a["t_ns"] <= b["t_ns"] for a, b in zip(rows, rows[1:]))
+    assert all(a["t_ns"] <= b["t_ns"] for a, b in itertools.pairwise(rows))
 
 
 # ---- flags -----------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_a_flag_the_real_launcher_lacks_fails_with_exit_2(engine, args, message)
 
 # ---- profiler ------------------------------------------------------------------------------
 
-def trace_files(directory: Path) -> List[str]:
+def trace_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob("*.trace.json*")) if directory.exists() else []
 
 
@@ -289,7 +289,7 @@ def test_vllm_profiler_is_404_unless_configured(sim):
     assert s.request("POST", "/stop_profile")[0] == 404
 
 
-def wait_files(directory: Path, count: int) -> List[str]:
+def wait_files(directory: Path, count: int) -> list[str]:
     deadline = time.monotonic() + DEADLINE_S
     while len(trace_files(directory)) < count:
         assert time.monotonic() < deadline, f"{trace_files(directory)} after {DEADLINE_S} s"
@@ -297,7 +297,7 @@ def wait_files(directory: Path, count: int) -> List[str]:
     return trace_files(directory)
 
 
-def step_spans(path: Path) -> Tuple[List[str], List[str]]:
+def step_spans(path: Path) -> tuple[list[str], list[str]]:
     """The CPU and GPU step-span names of a trace, in order."""
     with gzip.open(path) as f:
         events = json.load(f)["traceEvents"]

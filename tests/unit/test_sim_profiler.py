@@ -11,14 +11,14 @@ import asyncio
 import gzip
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any
 
 import pytest
 
 from harness.sim.model import LatencyModel, SimConfig
-from harness.sim.profiler import (VLLM_ACTIVE, SglangProfiler, VllmProfiler, sglang_rank_names,
-                                  vllm_worker_names)
+from harness.sim.profiler import VLLM_ACTIVE, SglangProfiler, VllmProfiler, sglang_rank_names, vllm_worker_names
 from harness.sim.trace import Step, step_span_name
 
 PREFILL, DECODE, IDLE = Step(prefill=1, prefill_tokens=4), Step(decode=1), Step()
@@ -41,9 +41,9 @@ def sglang(tp: int = 1) -> SglangProfiler:
                           trace_mb=None, fail=False, log=lambda m: None)
 
 
-def drive(make, calls: Sequence[Any]) -> List[Any]:
+def drive(make, calls: Sequence[Any]) -> list[Any]:
     """Run `calls` against a profiler built inside the loop: ("start", body), ("stop",) or a Step."""
-    async def go() -> List[Any]:
+    async def go() -> list[Any]:
         p, replies = make(), []
         for call in calls:
             if isinstance(call, Step):
@@ -56,7 +56,7 @@ def drive(make, calls: Sequence[Any]) -> List[Any]:
     return asyncio.run(go())
 
 
-def shapes(directory: Path) -> List[str]:
+def shapes(directory: Path) -> list[str]:
     """The directory's file names with the nanosecond stamps and the front end's host_pid abstracted."""
     names = []
     for p in sorted(directory.iterdir()):
@@ -65,7 +65,7 @@ def shapes(directory: Path) -> List[str]:
     return sorted(names)
 
 
-def spans(path: Path) -> Dict[str, List[str]]:
+def spans(path: Path) -> dict[str, list[str]]:
     with gzip.open(path) as f:
         events = json.load(f)["traceEvents"]
     return {cat: [e["name"] for e in events if e.get("cat") == cat] for cat in ("user_annotation",
@@ -106,7 +106,7 @@ def test_vllm_file_names(tmp_path, case, profiler, body, expected):
 
 
 def test_the_front_end_writes_at_stop_only_and_holds_cpu_ops_and_no_rank(tmp_path):
-    async def go() -> List[str]:
+    async def go() -> list[str]:
         p = vllm(tmp_path, tp=1, ignore_frontend=False, max_iterations=2)
         await p.start({})
         for step in TRAFFIC[:4]:

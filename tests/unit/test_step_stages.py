@@ -46,7 +46,8 @@ def vllm_stage(name: str) -> str | None:
 
 def count_plainly(path: Path) -> dict:
     """Steps, their wall time and the kernel time inside their GPU spans, per stage, the slow way."""
-    events = json.load(gzip.open(path))["traceEvents"]
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
     steps, wall_us, spans = Counter(), Counter(), []
     for e in events:
         stage = vllm_stage(e.get("name", "")) if e.get("cat") in ("user_annotation", "gpu_user_annotation") else None
@@ -150,7 +151,8 @@ def test_vllms_api_front_end_trace_is_no_rank(analyzed):
 def test_byte_ranges_read_by_worker_processes_join_into_the_same_stages(tmp_path, monkeypatch, analyzed):
     """Kernels in one range, their GPU spans in another: the kernels' names must join by name."""
     plain = tmp_path / "graphs.rank0.pt.trace.json"
-    with gzip.open(FIXTURES / "vllm_h200/graphs/rank0.1796125788551951697.pt.trace.json.gz") as src, open(plain, "wb") as dst:
+    fixture = FIXTURES / "vllm_h200/graphs/rank0.1796125788551951697.pt.trace.json.gz"
+    with gzip.open(fixture) as src, open(plain, "wb") as dst:
         shutil.copyfileobj(src, dst)
     monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
@@ -264,7 +266,8 @@ def test_a_trace_without_engine_step_spans_falls_back_to_the_count_asked_for():
     """benchmarks/gpu_trace_capture.py's decode loop (torch 2.11, H200) marks `decode_step_{i}`:
     no engine's step spans, so the 8 steps asked for divide all kernel time."""
     trace = FIXTURES / "real_trace/decode.pt.trace.json.gz"
-    events = json.load(gzip.open(trace))["traceEvents"]
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
     total_us = sum(e["dur"] for e in events if e.get("cat") in GPU_CATS)
     asked = analyze_path(trace, requested_steps=8)
     assert (asked["steps"], asked["steps_source"], asked["stages"]) == (8, "request", None)
