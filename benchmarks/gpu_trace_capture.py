@@ -1,7 +1,7 @@
 """Capture a real torch.profiler (Kineto) trace of a small decode loop on a CUDA GPU.
 
 This is how tests/fixtures/real_trace/ was made (on an NVIDIA H200, PyTorch 2.11): each decode step
-runs, per layer, the FP8 -> BF16 cast of a KV-cache slice (the seeds' 69% ghost, in miniature), a
+runs, per layer, the FP8 -> BF16 cast of a KV-cache slice (the GLM-5 campaign's 69% ghost, in miniature), a
 decode attention, an RMSNorm and an MLP. It writes the trace (gzip'd) and torch's own
 `key_averages()` table as JSON, so the analyzer can be checked against the profiler's own totals:
 

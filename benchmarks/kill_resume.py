@@ -1,5 +1,5 @@
 """How much a night of crashes costs: a sweep killed N times at random instants and resumed, against
-the same sweep run cleanly (RELIABILITY.md case 12; goal: the same result set within 1.5x the clean time).
+the same sweep run cleanly (docs/reliability.md case 12; goal: the same result set within 1.5x the clean time).
 
     .venv/bin/python benchmarks/kill_resume.py [--configs 6] [--kills 3] [--seed 1]
 

@@ -3,7 +3,7 @@
 It behaves like a continuously batched engine: every `--itl-ms` a decode step sends one chunk (of
 `--tokens-per-chunk` tokens) to every stream in the batch, so the streams' chunks leave in a burst, as
 they do from SGLang or vLLM. A request joins the batch at the first step `--ttft-ms` after it was read.
-The wire format is the engines' own (ENGINES.md "The OpenAI-compatible stream"): chunked
+The wire format is the engines' own (docs/engines.md): chunked
 transfer-encoding, one event per HTTP chunk, `finish_reason` on an empty-text chunk, the usage-only chunk
 with `choices: []` when `stream_options.include_usage` is asked, then `data: [DONE]`.
 

@@ -1,6 +1,6 @@
 """One exception tree for the whole harness.
 
-    HarnessError                  base; `kind` is SPEC's error.kind, `retryable` drives the executor
+    HarnessError                  base; `kind` is docs/formats.md's error.kind, `retryable` drives the executor
     ├── InputError                bad YAML, playbook, inventory or template: exit 2, names file/key/line
     └── RemoteError               something on a host: carries host, run id, command and output tail
         ├── UnreachableError      cannot connect (refused, no route, DNS)           kind=unreachable, retryable

@@ -1,6 +1,6 @@
 """`harness analyze`: where the GPU time of a profiled run goes.
 
-    analyze_path(path, top=15, requested_steps=None) -> dict      SPEC's analysis.json ("harness.analysis/1")
+    analyze_path(path, top=15, requested_steps=None) -> dict      analysis.json, "harness.analysis/1" (docs/formats.md)
 
 PATH is one trace file, a profile directory (one file per rank) or a run directory (its profile/,
 with the step count its manifest.json asked for). Each file is read once, streaming (see `kineto`),

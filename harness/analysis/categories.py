@@ -8,7 +8,7 @@ carry their template arguments, so one name often mentions several kinds of work
 - norm before attention: flashinfer's `flashinfer::norm::RMSNormKernel` lives beside its attention;
 - moe and attention before gemm: `fused_moe_kernel` and cutlass FMHA kernels are GEMMs inside;
 - gemm before copy: cutlass templates name their `NumericConverter`;
-- copy before elementwise: PyTorch's dtype cast (the FP8->BF16 KV-cache cast of the seeds' trace) is
+- copy before elementwise: PyTorch's dtype cast (the FP8->BF16 KV-cache cast of the GLM-5 campaign's trace) is
   `at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda ...>`, which is a copy.
 
 To teach it a new kernel, add a pattern to the right row (patterns are regular expressions).

@@ -18,7 +18,7 @@ step, whereas TPOT and the ITL mean also carry the prefill steps of other reques
 the bound uses the experts one token activates; a batch touches more of them, so at concurrency > 1 the
 bound is optimistic, which is what a lower bound may be.
 
-The seeds' numbers: GLM-5-NVFP4 (about 40 B of 744 B parameters active) on 8 RTX PRO 6000 Blackwell at
+The GLM-5 campaign's numbers: GLM-5-NVFP4 (about 40 B of 744 B parameters active) on 8 RTX PRO 6000 Blackwell at
 1,792 GB/s each. NVFP4 packs the routed experts at 0.5 B a weight plus an FP8 scale per 16 weights
 (0.5625 B), but attention, the shared experts, the dense layers and the embeddings stay BF16 (2 B);
 with about 40 % of the active weights in BF16 the effective figure is 1.16 B a weight, so 46.4 GB are

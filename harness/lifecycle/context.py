@@ -70,7 +70,7 @@ class RunContext:
             raise
 
     def in_venv(self, command: str) -> str:
-        """A command run with the host's venv activated (the seeds' ModuleNotFoundError came from not)."""
+        """A command run with the host's venv activated (the GLM-5 campaign's ModuleNotFoundError came from not)."""
         return f"source {shlex.quote(self.venv + '/bin/activate')} && {command}"
 
     def agent_command(self, *args: str | int | float) -> str:

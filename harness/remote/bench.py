@@ -1,7 +1,7 @@
 """The decode benchmark client: one standard-library file that runs on the GPU host, next to the server.
 
 The harness uploads this file and runs it inside the host's venv, so it imports nothing outside the
-standard library (the seeds' timing script died on `ModuleNotFoundError: requests`) and nothing from
+standard library (the GLM-5 campaign's timing script died on `ModuleNotFoundError: requests`) and nothing from
 the rest of `harness`:
 
     python bench.py --url http://127.0.0.1:30000 --model NAME --concurrency 1,8,32 --out bench.json
@@ -10,7 +10,7 @@ Each concurrency level runs in order: `--warmup` requests that are not measured,
 requests (default: twice the concurrency, at least 16) with `concurrency` of them in flight (a closed
 loop: a stream sends its next request when its last one ends), or as many as fit in `--duration`
 seconds. Requests are greedy (temperature 0), streamed, ask for usage, and ignore EOS by default so
-every request decodes `--max-tokens` tokens. Results: bench.json (SPEC.md "bench.json and
+every request decodes `--max-tokens` tokens. Results: bench.json (docs/formats.md "bench.json and
 requests.jsonl") and requests.jsonl beside it; a short summary goes to stderr. Exit 0 when every level
 completed (or failed no more than --max-failed-share of its requests); 4 when a level failed more,
 naming the errors; 3 when no request of any level completed; 2 on bad arguments.

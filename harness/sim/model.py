@@ -1,6 +1,6 @@
 """The latency model of the simulated engine: one decode step, broken down the way a trace shows it.
 
-The default scale is the seeds' measurement: GLM-5-NVFP4 (MoE, 78 layers) under SGLang TP8 on eight
+The default scale is the GLM-5 campaign's measurement: GLM-5-NVFP4 (MoE, 78 layers) under SGLang TP8 on eight
 PCIe Blackwell GPUs with an FP8 KV cache and CUDA graphs: ITL 97 ms at concurrency 1, TTFT 175 ms for a
 16-token prompt. Their profiler trace and component benchmarks split the 97 ms step as
 
@@ -22,7 +22,7 @@ story (`step_kernels` hands the same budget to the trace writer):
   all-reduce grows as (tp-1)/7 and vanishes at tp 1.
 - --enable-mscclpp: all-reduce x 0.55. Single/two-batch overlap: communication x 0.85.
 - EP (sglang --ep-size > 1, vllm -ep): MoE x 0.85 but an all-to-all costing 0.6 ms x (ep-1)/7: the
-  seeds saw EP8 give little, and so does the model. PP adds 0.3 ms of P2P per extra stage.
+  the campaign saw EP8 give little, and so does the model. PP adds 0.3 ms of P2P per extra stage.
 - CUDA graphs off (sglang --disable-cuda-graph or --cuda-graph-backend-decode disabled; vllm
   --enforce-eager, -O0 or cudagraph_mode NONE): every kernel is launched from Python, 20 us each, which
   lands as idle gaps between kernels (about +19 ms for 940 kernels).
@@ -44,7 +44,7 @@ REFERENCE_MS: dict[str, float] = {
     "copy": 67.0, "communication": 6.6, "moe": 6.6, "norm": 3.4,
     "attention": 3.0, "elementwise": 2.8, "gemm": 2.3, "idle": 5.3,
 }
-"""The seeds' TP8 / FP8-KV / CUDA-graph step at batch 1 (sums to 97.0 ms)."""
+"""The GLM-5 campaign's TP8 / FP8-KV / CUDA-graph step at batch 1 (sums to 97.0 ms)."""
 
 UNQUANTIZED_KV = frozenset({"auto", "bf16", "bfloat16", "fp16", "float16", "half"})
 LAUNCH_MS = 0.020
@@ -105,7 +105,7 @@ class _Slot:
 
 
 def _cast_kernel(kv_dtype: str) -> str:
-    """PyTorch's dtype-cast copy, as the seeds' trace showed it for the FP8 KV cache."""
+    """PyTorch's dtype-cast copy, as the GLM-5 campaign's trace showed it for the FP8 KV cache."""
     fp8 = "c10::Float8_e5m2" if "e5m2" in kv_dtype else "c10::Float8_e4m3fn"
     lam = ("at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const"
            f"::{{lambda()#7}}::operator()() const::{{lambda({fp8})#1}}")

@@ -1,4 +1,4 @@
-"""The engines' profiler endpoints, with their real semantics (ENGINES.md, "Profiling").
+"""The engines' profiler endpoints, with their real semantics (docs/engines.md).
 
 SGLang 0.5.23: `/start_profile` opens a session (500 if one is open); with `num_steps` it closes itself
 after that many forward steps and writes the traces then, so with no traffic it never closes and

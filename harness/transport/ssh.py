@@ -2,7 +2,7 @@
 
 Built on fabric's `Connection` for what it does well (reading ~/.ssh/config: HostName, Port, User,
 IdentityFile, ProxyJump; gateways) and on paramiko channels for the rest, because the traps are in
-the layers between (RELIABILITY.md):
+the layers between (docs/reliability.md):
 
 - fabric accepts any host key (fabric #2071): each client loads the known_hosts file and rejects
   unknown keys with the command that pins them; a changed key is refused and never retried.

@@ -1,7 +1,7 @@
 """Pulling a directory as one tar stream, extracted safely and committed atomically.
 
 One stream over one exec channel, not per-file SFTP: SFTP `get` ran slower than `ssh host cat` here
-and leaves a partial file at the final path when the connection dies (RELIABILITY.md). The stream
+and leaves a partial file at the final path when the connection dies (docs/reliability.md). The stream
 lands in a temporary directory beside the destination and moves into place only once the remote tar
 has exited 0, so a pull cut short leaves nothing at the final path.
 

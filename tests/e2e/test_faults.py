@@ -1,4 +1,4 @@
-"""Faults a night alone brings (RELIABILITY.md's cases), with real sshd, real processes and real files.
+"""Faults a night alone brings (docs/reliability.md), with real sshd, real processes and real files.
 
 Each test names its case. The sweep runs as a user runs it: the `harness` command in a subprocess.
 """

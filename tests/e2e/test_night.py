@@ -1,5 +1,5 @@
 """A night on several hosts (network namespaces, real sshd in each): links that drop, links that blip,
-every host busy. RELIABILITY.md cases 5, 6 and 23 at the level of a whole sweep."""
+every host busy. docs/reliability.md cases 5, 6 and 23 at the level of a whole sweep."""
 
 from __future__ import annotations
 

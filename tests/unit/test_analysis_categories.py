@@ -6,7 +6,7 @@ from harness.analysis.categories import NAMES, categorize
 
 
 @pytest.mark.parametrize("name, category", [
-    # The seeds' culprit: the FP8 -> BF16 KV-cache cast is an elementwise kernel doing a copy.
+    # The GLM-5 campaign's culprit: the FP8 -> BF16 KV-cache cast is an elementwise kernel doing a copy.
     ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIterator"
      "Base&)::{lambda()#3}::operator()() const::{lambda()#8}::operator()() const::{lambda(c10::BFloat16)#1}, "
      "at::detail::Array<char*, 2> >(int, at::detail::Array<char*, 2>)", "copy"),

@@ -1,7 +1,7 @@
 """The analyzer against torch's own numbers, on real traces captured on an NVIDIA H200.
 
 tests/fixtures/real_trace/ was made by benchmarks/gpu_trace_capture.py (PyTorch 2.11): a decode loop
-whose FP8 -> BF16 KV-cache cast dominates, as in the seeds' campaign, with torch's `key_averages()`
+whose FP8 -> BF16 KV-cache cast dominates, as in the GLM-5 campaign, with torch's `key_averages()`
 table saved beside the trace.
 """
 

@@ -1,4 +1,4 @@
-"""The decode roofline: the seeds' GLM-5 numbers, GPU names as nvidia-smi spells them, where the
+"""The decode roofline: the GLM-5 campaign's numbers, GPU names as nvidia-smi spells them, where the
 bandwidth comes from, and how the batch and the KV cache move the bound."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_the_seeds_glm5_on_eight_blackwells_is_3_24_ms_and_97_ms_measured_reads_
     assert round(roof["theoretical_ms"], 2) == 3.24
     assert round(roof["theoretical_tok_s"]) == 309
     assert format_efficiency(roof["efficiency"]) == "3.3%"
-    # the seeds' "3.4%" is 3.24 against 95.3 ms
+    # the GLM-5 campaign's "3.4%" is 3.24 against 95.3 ms
     assert format_efficiency(roofline_for(manifest(), level(itl_p50=95.3))["efficiency"]) == "3.4%"
 
 

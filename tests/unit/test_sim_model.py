@@ -1,4 +1,4 @@
-"""The simulated engine's latency model: the seeds' numbers by default, and each flag moving them."""
+"""The simulated engine's latency model: the GLM-5 campaign's numbers by default, and each flag moving them."""
 
 from __future__ import annotations
 
