@@ -1,6 +1,6 @@
 """One exception tree for the whole harness.
 
-    HarnessError                  base; `kind` is docs/formats.md's error.kind, `retryable` drives the executor
+    HarnessError                  base; `kind` (a Kind) is the manifest's error.kind and says whether it is retried
     ├── InputError                bad YAML, playbook, inventory or template: exit 2, names file/key/line
     └── RemoteError               something on a host: carries host, run id, command and output tail
         ├── UnreachableError      cannot connect (refused, no route, DNS)           kind=unreachable, retryable
@@ -16,22 +16,72 @@ Messages never contain secrets: callers redact before raising (see `harness.secr
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    """What went wrong, as a manifest's `error.kind` records it (docs/formats.md). Each kind says
+    whether another attempt can help (`retried`) and whether it rules the host out for the sweep
+    (`host_fatal`: no run there would fare better). A str, so it is written and compared as its name."""
+
+    UNREACHABLE = "unreachable"
+    AUTH = "auth"
+    HOST_KEY = "host_key"
+    PREFLIGHT = "preflight"
+    LAUNCH = "launch"
+    OOM = "oom"
+    STARTUP_TIMEOUT = "startup_timeout"
+    SERVER_DIED = "server_died"
+    BENCH = "bench"
+    COLLECT = "collect"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+    INTERNAL = "internal"
+    INPUT = "input"
+    LOCKED = "locked"
+    ERROR = "error"
+
+    @property
+    def retried(self) -> bool:
+        """A transient failure: the same run may well succeed on the next attempt."""
+        return self in _RETRIED
+
+    @property
+    def host_fatal(self) -> bool:
+        """Met while connecting to a host, it sets the host aside for the whole sweep."""
+        return self in _HOST_FATAL
+
+    @classmethod
+    def of(cls, name: object) -> Kind:
+        """The kind a file records (an older harness may have written one this version lacks)."""
+        try:
+            return cls(str(name))
+        except ValueError:
+            return cls.ERROR
+
+
+_RETRIED = frozenset({Kind.UNREACHABLE, Kind.TIMEOUT, Kind.COLLECT, Kind.SERVER_DIED})
+_HOST_FATAL = frozenset({Kind.HOST_KEY, Kind.AUTH, Kind.PREFLIGHT})
+
 
 class HarnessError(Exception):
-    kind: str = "error"
-    retryable: bool = False
+    kind: Kind = Kind.ERROR
 
-    def __init__(self, message: str, *, kind: str | None = None):
+    def __init__(self, message: str, *, kind: Kind | str | None = None):
         super().__init__(message)
         self.message = message
         if kind is not None:
-            self.kind = kind
+            self.kind = Kind(kind)   # an unknown name is a bug of ours: it fails here, loudly
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind.retried
 
 
 class InputError(HarnessError):
     """A user mistake in a file we read: never a traceback, always exit 2."""
 
-    kind = "input"
+    kind = Kind.INPUT
 
     def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
                  line: int | None = None):
@@ -47,10 +97,10 @@ class InputError(HarnessError):
 class RemoteError(HarnessError):
     """Something went wrong on (or on the way to) a host."""
 
-    kind = "error"
+    kind = Kind.ERROR
 
     def __init__(self, message: str, *, host: str | None = None, run_id: str | None = None,
-                 command: str | None = None, output: str = "", kind: str | None = None):
+                 command: str | None = None, output: str = "", kind: Kind | str | None = None):
         self.host, self.run_id, self.command, self.output = host, run_id, command, output
         prefix = f"[{host}] " if host else ""
         super().__init__(prefix + message, kind=kind)
@@ -66,26 +116,24 @@ class RemoteError(HarnessError):
 
 
 class UnreachableError(RemoteError):
-    kind = "unreachable"
-    retryable = True
+    kind = Kind.UNREACHABLE
 
 
 class AuthError(RemoteError):
-    kind = "auth"
+    kind = Kind.AUTH
 
 
 class HostKeyError(RemoteError):
-    kind = "host_key"
+    kind = Kind.HOST_KEY
 
 
 class RemoteTimeout(RemoteError):
-    kind = "timeout"
-    retryable = True
+    kind = Kind.TIMEOUT
 
 
 class CommandFailed(RemoteError):
     def __init__(self, message: str, *, exit_code: int, host: str | None = None, run_id: str | None = None,
-                 command: str | None = None, output: str = "", kind: str | None = None):
+                 command: str | None = None, output: str = "", kind: Kind | str | None = None):
         self.exit_code = exit_code
         super().__init__(message, host=host, run_id=run_id, command=command, output=output, kind=kind)
 

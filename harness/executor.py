@@ -32,7 +32,7 @@ import tenacity
 
 import harness
 from harness.config.inventory import Host
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Kind
 from harness.journal import Journal, latest_states
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.run import execute
@@ -46,8 +46,6 @@ from harness.resume import fingerprint, plan_resume, run_inputs
 from harness.transport import Transport, connect
 from harness.transport.tarpull import remove_stale_staging
 
-TRANSIENT = frozenset({"unreachable", "timeout", "collect", "server_died"})
-FATAL_HOST = frozenset({"host_key", "auth", "preflight"})   # never better on a second try
 HOST_BACKOFF_S = (5.0, 300.0)   # first and largest wait between connection attempts to a host
 
 
@@ -214,10 +212,10 @@ class Executor:
         except Exception as e:  # HarnessError, or our own bug: either way this host is set aside
             if not isinstance(e, HarnessError):
                 e = HarnessError(f"the harness failed connecting to {host.name} ({internal_text(e)})",
-                                 kind="internal")
+                                 kind=Kind.INTERNAL)
             state.attempts += 1
             state.error = e
-            state.dead = e.kind in FATAL_HOST or state.attempts >= self.host_attempts
+            state.dead = e.kind.host_fatal or state.attempts >= self.host_attempts
             self.display.log(f"[{host.name}] set aside{' for this sweep' if state.dead else ''}: "
                              f"{self.sweep.redactor.text(str(e))}")
             self.display.host(host.name, "down" if not state.dead else f"dead: {e.kind}")
@@ -298,7 +296,7 @@ class Executor:
             with self.lock:
                 self.in_flight.pop(spec.run_id, None)
         error = manifest.get("error") or {}
-        if (error.get("kind") in TRANSIENT or state.lost) and not self.stop.is_set():
+        if (Kind.of(error.get("kind")).retried or state.lost) and not self.stop.is_set():
             self.display.log(f"[{host.name}] {spec.run_id}: attempt {attempt} failed "
                              f"({error['kind']}: {error['message']})")
             raise Transient(manifest)
@@ -322,7 +320,7 @@ class Executor:
         manifest = {"schema": "harness.run/1", "run_id": spec.run_id, "sweep_id": self.sweep.sweep_id,
                     "config": {"name": spec.config.name}, "host": {"name": state.host.name},
                     "engine": self.sweep.engine.name, "status": "failed",
-                    "error": {"kind": "internal", "message": message, "detail": trace},
+                    "error": {"kind": Kind.INTERNAL.value, "message": message, "detail": trace},
                     "attempts": self.attempts.get(spec.run_id, 1),
                     "phases": ctx.phases if ctx is not None else {}, "harness_version": harness.__version__}
         write_json(local_dir / "manifest.json", manifest)

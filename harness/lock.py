@@ -15,13 +15,13 @@ import socket
 import time
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Kind
 
 LOCK = "sweep.lock"
 
 
 class SweepLocked(HarnessError):
-    kind = "locked"
+    kind = Kind.LOCKED
 
 
 class SweepLock:

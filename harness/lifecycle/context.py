@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.inventory import Host
-from harness.errors import RemoteError, RunFailed
+from harness.errors import Kind, RemoteError, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
 from harness.transport.base import Result, Transport
 
@@ -91,5 +91,5 @@ class RunContext:
                         host=self.host.name, run_id=self.run.run_id, command=result.command,
                         output=result.stderr or result.stdout, kind="preflight")
 
-    def fail(self, kind: str, message: str, *, output: str = "") -> RunFailed:
+    def fail(self, kind: Kind | str, message: str, *, output: str = "") -> RunFailed:
         return RunFailed(message, host=self.host.name, run_id=self.run.run_id, output=output, kind=kind)

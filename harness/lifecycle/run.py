@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.errors import HarnessError, RemoteError, tail
+from harness.errors import HarnessError, Kind, RemoteError, tail
 from harness.facts import facts_for, parse_facts
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.measure import bench, profile
@@ -91,9 +91,13 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
         ctx.record["collected"] = {"files": pulled.files, "bytes": pulled.bytes, "sha256": pulled.sha256,
                                    "skipped": list(pulled.skipped)}
     except HarnessError as e:
-        if error is None:
-            e.kind = "collect"
-            return e
+        if error is None:   # whatever broke the pull (a timeout, a lost link), the run failed collecting
+            if e.kind is Kind.COLLECT:
+                return e
+            failed = RemoteError(f"collecting the run's files failed: {e.message}", kind=Kind.COLLECT,
+                                 output=getattr(e, "output", ""))
+            failed.__cause__ = e
+            return failed
         ctx.record.setdefault("warnings", []).append(f"collect: {e}")
     return error
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
-from harness.errors import RemoteError
+from harness.errors import Kind, RemoteError
 from harness.transport.base import Pulled, shell_path
 
 ZSTD = shutil.which("zstd")  # None: pulls come uncompressed
@@ -51,14 +51,14 @@ LOCAL_RESERVE = 256 << 20
 class TooLarge(RemoteError):
     """The pulled tree is larger than the caller allowed, or than the local disk can take."""
 
-    kind = "collect"
+    kind = Kind.COLLECT
 
 
 class Refused(RemoteError):
     """The host sent a stream that cannot be extracted as it claims (a file and a folder of one name,
     a time that is not a number, data after the end of the archive, too many entries)."""
 
-    kind = "collect"
+    kind = Kind.COLLECT
 
 
 def tar_command(remote_dir: str, *, compress: bool, exclude: tuple[str, ...] = ()) -> str:
