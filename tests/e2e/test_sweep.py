@@ -230,6 +230,7 @@ def test_an_interrupted_sweep_stops_its_server_flushes_the_journal_and_exits_130
     proc.send_signal(getattr(signal, sig))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
+    assert "finish it with: harness sweep" in err and "--resume" in err
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     journal = (sweep_dir(tmp_path / "r") / "journal.jsonl").read_text().splitlines()
