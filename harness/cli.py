@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -206,7 +207,11 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
           prompt_tokens: Annotated[int | None, typer.Option(help="synthetic prompt length")] = None,
           warmup: Annotated[int, typer.Option(help="warm-up requests per level")] = 1,
           api: Annotated[str, typer.Option(help="completions or chat")] = "completions",
-          output: Annotated[Path, typer.Option("-o", "--output", help="bench.json path")] = Path("bench.json")):
+          output: Annotated[Path, typer.Option("-o", "--output", help="bench.json path")] = Path("bench.json"),
+          header: Annotated[list[str] | None, typer.Option("--header", help="'Name: value', sent with "
+                                                           "every request; repeatable")] = None,
+          api_key_env: Annotated[str | None, typer.Option(help="the environment variable holding an API key, "
+                                                          "sent as a bearer token (never on a command line)")] = None):
     """The decode benchmark alone, against any OpenAI-compatible server."""
     from harness.remote import bench as client
     from harness.report.bench_view import render_bench
@@ -215,10 +220,20 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
     except ValueError:
         raise InputError(f"expected comma-separated integers, got {concurrency!r}", key="--concurrency") from None
+    headers = {}
+    for item in header or []:
+        name, colon, value = item.partition(":")
+        if not colon:
+            raise InputError(f"expected 'Name: value', got {item!r}", key="--header")
+        headers[name.strip()] = value.strip()
+    if api_key_env:
+        if api_key_env not in os.environ:
+            raise InputError(f"{api_key_env} is not set in the environment", key="--api-key-env")
+        headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
     try:
         result = client.run_benchmark(url, model, concurrency=levels, requests=requests, warmup=warmup,
                                       max_tokens=max_tokens, prompt=prompt, prompt_tokens=prompt_tokens,
-                                      api=api)
+                                      api=api, headers=headers)
     except ValueError as e:  # the client's word for bad arguments
         raise InputError(str(e), key="harness bench") from None
     client.write_results(result, output)

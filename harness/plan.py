@@ -22,8 +22,8 @@ from harness.config.yamlfile import Loc, YamlDoc
 from harness.engines import Engine, engine_for
 from harness.errors import InputError
 from harness.remote import remote_dir
-from harness.render import BUILTIN_TEMPLATES, builtin_templates, render_string, render_template
-from harness.secrets import Redactor, is_secret
+from harness.render import BUILTIN_TEMPLATES, EnvRef, builtin_templates, render_string, render_template
+from harness.secrets import Redactor, arg_env_name, is_secret
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,9 @@ class Sweep:
         for env in [self.playbook.server.env, *(c.env for c in self.playbook.configs),
                     *(h.env for h in self.hosts)]:
             values += [v for k, v in env.items() if is_secret(k, self.secret_names)]
+        for args in [self.playbook.server.args, *(c.args for c in self.playbook.configs)]:
+            values += [str(v) for k, v in args.items()
+                       if is_secret(k, self.secret_names) and isinstance(v, (str, int)) and not isinstance(v, bool)]
         return Redactor(values)
 
     def render(self, run: RunSpec, host: Host) -> Rendered:
@@ -115,6 +118,10 @@ class Sweep:
                                   (("configs", index, "env"), run.config.env)])
         secret = {k: v for k, v in env.items() if is_secret(k, self.secret_names)}
         public = {k: v for k, v in env.items() if k not in secret}
+        for flag, value in list(args.items()):   # `api-key: ...`: the value goes where secrets go
+            if is_secret(flag, self.secret_names) and isinstance(value, (str, int)) and not isinstance(value, bool):
+                secret[arg_env_name(flag)] = str(value)
+                args[flag] = EnvRef(arg_env_name(flag))
         context = base | {"args": args, "env": public, "secret_names": sorted(secret),
                           "server": base["server"] | {"args": args, "env": public}}
         return Rendered(render_template(self.template, context), args, public, secret, port, paths)

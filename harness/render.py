@@ -63,12 +63,21 @@ def flag_pairs(args: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     return pairs
 
 
+class EnvRef(str):
+    """A flag value that is a reference to an environment variable (a secret's): rendered `"$NAME"`,
+    so the value itself never appears in the script."""
+
+
 def flags(args: Mapping[str, Any]) -> str:
     # flag names are validated when the playbook loads (letters, digits, '-', '_', '.'): only values need quoting
-    return " ".join(" ".join([flag, *map(shlex.quote, values)]) for flag, values in flag_pairs(args))
+    def word(value: str) -> str:
+        return f'"${value}"' if isinstance(value, EnvRef) else shlex.quote(value)
+    return " ".join(" ".join([flag, *map(word, values)]) for flag, values in flag_pairs(args))
 
 
 def _word(value: Any) -> str:
+    if isinstance(value, EnvRef):
+        return value
     if isinstance(value, dict):
         return json.dumps(value, separators=(",", ":"))
     if isinstance(value, bool):

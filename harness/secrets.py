@@ -1,8 +1,10 @@
 """Secrets: env values that must never appear in launch.sh, logs, manifests, the journal or errors.
 
 A name is secret when it contains TOKEN, SECRET, PASSWORD or KEY (any case), or is listed under
-`secrets:` in the inventory or the playbook. Secret values reach the host in a mode-0600 file that the
-launch script sources; everything the harness writes or prints goes through `Redactor.text`.
+`secrets:` in the inventory or the playbook; so is a server flag with such a name (`api-key`), whose
+value travels in an environment variable the flag names. Secret values reach the host in a mode-0600
+file that the launch script sources; everything the harness writes or prints goes through
+`Redactor.text`, and so do the text files pulled back (an engine may log its arguments).
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|KEY", re.IGNORECASE)
 
 def is_secret(name: str, listed: Iterable[str] = ()) -> bool:
     return bool(_SECRET_NAME.search(name)) or name in set(listed)
+
+
+def arg_env_name(flag: str) -> str:
+    """The environment variable a secret flag's value travels in (`api-key` -> HARNESS_ARG_API_KEY):
+    the launch script says `--api-key "$HARNESS_ARG_API_KEY"` and the value lives in the secrets file."""
+    return "HARNESS_ARG_" + re.sub(r"[^A-Za-z0-9]", "_", flag.lstrip("-")).upper()
 
 
 class Redactor:

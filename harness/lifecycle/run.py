@@ -90,6 +90,7 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
                                         max_bytes=int(max_mb * 1e6) if max_mb else None)
         ctx.record["collected"] = {"files": pulled.files, "bytes": pulled.bytes, "sha256": pulled.sha256,
                                    "skipped": list(pulled.skipped)}
+        _redact_texts(ctx)
     except HarnessError as e:
         if error is None:   # whatever broke the pull (a timeout, a lost link), the run failed collecting
             if e.kind is Kind.COLLECT:
@@ -100,6 +101,21 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
             return failed
         ctx.record.setdefault("warnings", []).append(f"collect: {e}")
     return error
+
+
+TEXT_SUFFIXES = (".log", ".txt", ".out", ".err")
+
+
+def _redact_texts(ctx: RunContext) -> None:
+    """Engines log their own arguments (SGLang's server_args, vLLM's non-default args): a secret flag's
+    value would reach server.log. Every pulled text file is masked as the harness's own output is."""
+    redact = ctx.sweep.redactor
+    for path in ctx.local_dir.rglob("*"):
+        if path.suffix in TEXT_SUFFIXES and path.is_file() and path.stat().st_size < (64 << 20):
+            text = path.read_text(errors="surrogateescape")
+            masked = redact.text(text)
+            if masked != text:
+                atomic_write(path, masked.encode(errors="surrogateescape"))
 
 
 def _room_for(ctx: RunContext) -> None:

@@ -609,7 +609,7 @@ def synthetic_prompt(words: int) -> str:
     return " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
 
 
-def build_target(url: str, body: dict, api: str) -> Target:
+def build_target(url: str, body: dict, api: str, headers: dict[str, str] | None = None) -> Target:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"url must look like http://HOST:PORT, got {url!r}")
@@ -618,8 +618,13 @@ def build_target(url: str, body: dict, api: str) -> Target:
     base = parts.path.rstrip("/")
     path = (base if base.endswith("/v1") else base + "/v1") + APIS[api]
     payload = json.dumps(body).encode()
+    extra = ""
+    for name, value in (headers or {}).items():
+        if not re.fullmatch(r"[A-Za-z0-9-]+", name) or any(c in value for c in "\r\n"):
+            raise ValueError(f"header {name!r}: a name of letters, digits and '-', a value on one line")
+        extra += f"{name}: {value}\r\n"
     head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{extra}"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
     try:
         family, *_, sockaddr = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0]
@@ -638,7 +643,8 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
                   warmup: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, prompt: str | None = None,
                   prompt_tokens: int | None = None, api: str = "completions", ignore_eos: bool = True,
                   timeout: float = DEFAULT_TIMEOUT_S, duration: float | None = None, workers: int = 1,
-                  progress: Callable[[dict], None] | None = None, extra_body: dict | None = None) -> dict:
+                  progress: Callable[[dict], None] | None = None, extra_body: dict | None = None,
+                  headers: dict[str, str] | None = None) -> dict:
     """Run every concurrency level; return bench.json's content plus "requests" (requests.jsonl's lines).
 
     `requests` is per level (default: max(2 x concurrency, 16); with `duration`, a cap). Raises
@@ -667,7 +673,7 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
         body["ignore_eos"] = True
     body.update({"messages": [{"role": "user", "content": text}]} if api == "chat" else {"prompt": text})
     body.update(extra_body or {})
-    target = build_target(url, body, api)
+    target = build_target(url, body, api, headers)
 
     result: dict[str, Any]
     result = {"schema": SCHEMA, "url": url, "model": model, "api": api, "max_tokens": max_tokens,

@@ -182,6 +182,22 @@ def test_a_profiler_that_answers_500_keeps_the_benchmark_and_says_what_it_answer
     assert analyzed.returncode == 2 and "the profile is failed" in said and "POST /start_profile -> 500" in said
 
 
+def test_a_secret_server_flag_reaches_the_engine_and_nothing_the_harness_writes(tmp_path, ssh_inventory):
+    """`api-key` in server.args: launch.sh passes it as "$HARNESS_ARG_API_KEY" from the 0600 secrets
+    file; the engine gets the value (its log prints its arguments, as SGLang does), and every file
+    brought back shows *** instead."""
+    key = "sk-" + "9f3a" * 6
+    pb = playbook(tmp_path, configs=[{"name": "k", "args": {"api-key": key}}], profile="none")
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 0, run.stdout + run.stderr
+    root = sweep_dir(tmp_path / "r") / "runs" / "k-1"
+    assert '--api-key "$HARNESS_ARG_API_KEY"' in (root / "launch.sh").read_text()
+    assert "***" in (root / "server.log").read_text()            # the engine had the real value
+    for path in [p for p in (tmp_path / "r").rglob("*") if p.is_file()]:
+        assert key not in path.read_text(errors="replace"), path
+    assert key not in run.stdout + run.stderr
+
+
 def test_shell_metacharacters_and_secrets_pass_literally_and_stay_secret(tmp_path, ssh_inventory):
     marker = tmp_path / "pwned"
     secret = "s3cr3t'; touch " + str(marker) + " #"

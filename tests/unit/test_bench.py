@@ -27,7 +27,7 @@ class StreamServer(socketserver.ThreadingTCPServer):
 
     def __init__(self, script: list[str]):
         super().__init__(("127.0.0.1", 0), Handler)
-        self.script, self.bodies = list(script), []
+        self.script, self.bodies, self.headers = list(script), [], []
         self.lock, self.release = threading.Lock(), threading.Event()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
@@ -46,6 +46,7 @@ class Handler(socketserver.BaseRequestHandler):
             name, _, value = line.decode().partition(":")
             headers[name.strip().lower()] = value.strip()
         self.path = request_line.split()[1]
+        self.server.headers.append(headers)
         body = json.loads(stream.read(int(headers["content-length"])))
         getattr(self, self.server.next(body))()
 
@@ -235,3 +236,13 @@ def test_a_level_bound_by_duration_sends_whole_requests_up_to_the_requests_cap(s
     level, = result["levels"]
     assert 1 <= level["requests"] <= 3
     assert level["failed"] == 0
+
+
+def test_headers_and_an_api_key_go_with_every_request_and_bad_ones_are_refused(serve):
+    from harness.remote.bench import run_benchmark
+    server = serve()
+    run_benchmark(server.url, "glm-5", requests=2, warmup=0, max_tokens=4,
+                  headers={"Authorization": "Bearer sk-1", "X-Team": "perf"})
+    assert [(h["authorization"], h["x-team"]) for h in server.headers] == [("Bearer sk-1", "perf")] * 2
+    with pytest.raises(ValueError, match="one line"):
+        run_benchmark(server.url, "glm-5", requests=1, headers={"X-Evil": "a\r\nHost: elsewhere"})
