@@ -194,7 +194,11 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
     playbook_path = Path(playbook_path)
     pb, doc = load_playbook(playbook_path)
     inventory = load_inventory(inventory_path)
-    hosts = inventory.select(pb.hosts, what=f"{playbook_path}: hosts")
+    try:
+        hosts = inventory.select(pb.hosts, what="hosts")
+    except InputError as e:   # name the playbook's line, not only the inventory
+        raise InputError(e.message.split(": ", 1)[-1] if e.key else e.message, file=str(playbook_path),
+                         key="hosts", line=doc.line(("hosts",))) from None
     if limit:
         allowed = {h.name for h in inventory.select(limit)}
         hosts = [h for h in hosts if h.name in allowed]

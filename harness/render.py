@@ -12,6 +12,7 @@ the same context, so a typo there fails before any host is touched.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -112,7 +113,7 @@ def render_string(text: str, context: Mapping[str, Any], *, where: str, file: st
     try:
         return _STRINGS.from_string(text).render(context)
     except jinja2.UndefinedError as e:
-        raise InputError(f"undefined template variable: {e.message}", file=file, key=where, line=line) from None
+        raise InputError(undefined(e, context), file=file, key=where, line=line) from None
     except jinja2.TemplateError as e:
         raise InputError(f"template error: {e}", file=file, key=where, line=line) from None
 
@@ -125,12 +126,22 @@ def render_template(path: Path, context: Mapping[str, Any]) -> str:
     try:
         return environment(path.parent).from_string(source).render(context)
     except jinja2.UndefinedError as e:
-        raise InputError(f"undefined template variable: {e.message}", file=str(path),
-                         line=_template_line(e)) from None
+        raise InputError(undefined(e, context), file=str(path), line=_template_line(e)) from None
     except jinja2.TemplateSyntaxError as e:
         raise InputError(f"template syntax error: {e.message}", file=str(path), line=e.lineno) from None
     except jinja2.TemplateError as e:
         raise InputError(f"template error: {e}", file=str(path)) from None
+
+
+def undefined(error: jinja2.UndefinedError, context: Mapping[str, Any]) -> str:
+    """Jinja's "'dict object' has no attribute 'x'" in words a user can act on, with what exists."""
+    said = error.message or ""
+    match = re.search(r"has no attribute '([^']+)'|'([^']+)' is undefined", said)
+    name = next((g for g in match.groups() if g), None) if match else None
+    known = ", ".join(sorted(context))
+    if name is None:
+        return f"undefined template variable: {said}"
+    return f"undefined template variable {name!r} (a template sees: {known}; e.g. model.path, run.dir, host.name)"
 
 
 def _template_line(exc: BaseException) -> int | None:

@@ -7,6 +7,7 @@ sees `playbooks/x.yaml:14: configs[1].args.tp-size: Input should be a valid inte
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,22 @@ class YamlDoc:
         return InputError(message, file=str(self.path), key=dotted(loc) or None, line=self.line(loc))
 
     def validate(self, model: type[BaseModel], data: Any = None, *, at: Loc = (), context=None):
-        """Validate `data` (default: the whole document) into `model`; the first error names key and line."""
+        """Validate `data` (default: the whole document) into `model`. Every mistake is named (key and
+        line), not only the first, so one run of the command shows what to fix; an unknown key that is
+        near a known one says which."""
         try:
             return model.model_validate(self.data if data is None else data, context=context)
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = at + tuple(p for p in err["loc"] if not _is_union_tag(p))
-            raise self.error(loc, _message(err)) from None
+            errors = e.errors()
+            names = _field_names(model)
+            found = [(at + tuple(p for p in err["loc"] if not _is_union_tag(p)), _message(err, names))
+                     for err in errors]
+            found = list(dict.fromkeys(found))
+            loc, message = found[0]
+            more = [f"  {self.path}:{self.line(lc) or '?'}: {dotted(lc)}: {m}" for lc, m in found[1:10]]
+            if len(found) > 10:
+                more.append(f"  ... and {len(found) - 10} more")
+            raise self.error(loc, message + ("\n" + "\n".join(more) if more else "")) from None
 
 
 def load_yaml(path: Path | str) -> YamlDoc:
@@ -124,9 +134,33 @@ def _is_union_tag(part) -> bool:
     return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "none"})
 
 
-def _message(err: ErrorDetails) -> str:
+def _field_names(model: type[BaseModel]) -> set[str]:
+    """Every key of `model` and of the models inside it, for a "did you mean"."""
+    names: set[str] = set()
+    todo: list[Any] = [model]
+    seen: set[Any] = set()
+    while todo:
+        current = todo.pop()
+        if current in seen or not (isinstance(current, type) and issubclass(current, BaseModel)):
+            continue
+        seen.add(current)
+        for name, info in current.model_fields.items():
+            names.add(name)
+            todo += _models_in(info.annotation)
+    return names
+
+
+def _models_in(annotation: Any) -> list[Any]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]
+
+
+def _message(err: ErrorDetails, names: set[str] | None = None) -> str:
     if err["type"] == "extra_forbidden":
-        return "unknown key"
+        key = str(err["loc"][-1]) if err["loc"] else ""
+        near = difflib.get_close_matches(key, sorted(names or ()), n=1, cutoff=0.75)
+        return f"unknown key (did you mean {near[0]!r}?)" if near else "unknown key"
     if err["type"] == "missing":
         return "required key is missing"
     msg = err["msg"]

@@ -130,3 +130,30 @@ def test_a_flag_name_with_shell_characters_is_refused(files):
     pb, inv = files(PLAYBOOK.replace("tp-size: 8}", "'tp-size; touch /tmp/pwn': 8}", 1))
     with pytest.raises(InputError, match="not a valid flag name"):
         load_sweep(pb, inv)
+
+
+def test_every_mistake_is_named_at_once_and_a_near_miss_says_what_was_meant(files):
+    bad = PLAYBOOK.replace("profile: {mode: engine}", "profile: {mode: engin}\nbenchmark: {concurency: [1, 8]}")
+    pb, inv = files(bad)
+    with pytest.raises(InputError) as e:
+        load_sweep(pb, inv)
+    said = str(e.value)
+    assert "benchmark.concurency: unknown key (did you mean 'concurrency'?)" in said
+    assert "profile.mode" in said and said.count(str(pb)) == 2      # both, each with its file and line
+
+
+def test_hosts_that_match_nothing_name_the_playbooks_line(files):
+    pb, inv = files(PLAYBOOK.replace("hosts: gpu", "hosts: gpus"))
+    with pytest.raises(InputError) as e:
+        load_sweep(pb, inv)
+    assert (e.value.file, e.value.key, e.value.line) == (str(pb), "hosts", 2) and "'gpus' matches no host" in str(e.value)
+
+
+def test_an_undefined_variable_is_said_in_words_with_what_exists(files, tmp_path):
+    template = tmp_path / "custom.sh.j2"
+    template.write_text("#!/bin/bash\necho {{ model.nope }}\n")
+    pb, inv = files(PLAYBOOK + f"template: {template}\n")
+    with pytest.raises(InputError) as e:
+        load_sweep(pb, inv)
+    assert "undefined template variable 'nope'" in str(e.value) and "dict object" not in str(e.value)
+    assert "a template sees: " in str(e.value) and "model" in str(e.value)
