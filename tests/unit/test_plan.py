@@ -146,7 +146,8 @@ def test_hosts_that_match_nothing_name_the_playbooks_line(files):
     pb, inv = files(PLAYBOOK.replace("hosts: gpu", "hosts: gpus"))
     with pytest.raises(InputError) as e:
         load_sweep(pb, inv)
-    assert (e.value.file, e.value.key, e.value.line) == (str(pb), "hosts", 2) and "'gpus' matches no host" in str(e.value)
+    assert (e.value.file, e.value.key, e.value.line) == (str(pb), "hosts", 2)
+    assert "'gpus' matches no host" in str(e.value)
 
 
 def test_an_undefined_variable_is_said_in_words_with_what_exists(files, tmp_path):
