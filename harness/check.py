@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.table import Table
 
 from harness.config.inventory import Host, load_inventory
-from harness.engines import get_engine
+from harness.engines import Engine, get_engine
 from harness.errors import HarnessError
 from harness.remote import install
 from harness.transport import connect
@@ -29,8 +29,8 @@ class HostCheck:
     probe: dict = field(default_factory=dict)
 
 
-def check_host(host: Host, engine: str, port: int | None) -> HostCheck:
-    eng = get_engine(engine)
+def check_host(host: Host, engine: str | Engine, port: int | None) -> HostCheck:
+    eng = engine if isinstance(engine, Engine) else get_engine(engine)
     venv = host.with_default_venv().venv
     if not venv:
         return HostCheck(host.name, False, ["no venv set for this host in the inventory"])
@@ -86,7 +86,11 @@ def gpu_mismatch(host: Host, found: dict) -> list[str]:
 
 
 def check_hosts(inventory: Path, *, limit: str | None, engine: str, port: int | None) -> list[HostCheck]:
-    hosts = load_inventory(inventory).select(limit)
+    return check_these(load_inventory(inventory).select(limit), engine, port)
+
+
+def check_these(hosts: list[Host], engine: str | Engine, port: int | None) -> list[HostCheck]:
+    """Every host checked at once, each over its own connection."""
     with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
         return list(pool.map(lambda h: check_host(h, engine, port), hosts))
 

@@ -184,13 +184,22 @@ def _print_plan(sw, format: str) -> None:
 
 @app.command()
 @exits
-def check(inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
-          engine: Annotated[str, typer.Option(help="engine to look for: sglang, vllm or sim")] = "sglang",
+def check(playbook: Annotated[Path | None, typer.Argument(help="a playbook: check its hosts for its engine "
+                                                             "and port")] = None,
+          inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
+          engine: Annotated[str | None, typer.Option(help="engine to look for: sglang, vllm, sim... "
+                                                     "(default: the playbook's, else sglang)")] = None,
           port: Annotated[int | None, typer.Option(help="server port to check; default: the engine's")] = None):
     """Preflight every host: reachable, host key, venv, engine importable, GPUs free, port free, disk."""
-    from harness.check import check_hosts, render
+    from harness.check import check_hosts, check_these, render
 
-    results = check_hosts(inventory, limit=limit, engine=engine, port=port)
+    if playbook is not None:
+        from harness.plan import load_sweep
+        sw = load_sweep(playbook, inventory, limit=limit)
+        _notes(sw.inventory)
+        results = check_these(sw.hosts, engine or sw.engine, port or sw.playbook.server.port)
+    else:
+        results = check_hosts(inventory, limit=limit, engine=engine or "sglang", port=port)
     out.print(render(results))
     if any(not r.ok for r in results):
         raise typer.Exit(1)

@@ -149,3 +149,11 @@ def test_every_command_answers_h_and_the_version_is_one_flag_away():
 def test_an_unknown_format_is_refused_not_ignored(tmp_path):
     run = harness("analyze", str(tmp_path), "--format", "yaml")
     assert run.returncode == 2 and "yaml" in run.stderr
+
+
+def test_check_takes_a_playbook_and_checks_its_hosts_for_its_engine():
+    """Right after `make demo`, `harness check playbooks/demo.yaml` checks localhost for the simulator
+    (it used to look for SGLang and fail)."""
+    run = harness("check", "playbooks/demo.yaml")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "localhost" in run.stdout and "ok" in run.stdout
