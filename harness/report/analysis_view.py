@@ -41,7 +41,14 @@ def decode_scope(analysis: dict) -> tuple[dict, str]:
     return (decode, "decode") if decode and decode.get("top") else (analysis, "")
 
 
-def short_name(name: str) -> str:
+_DTYPE = re.compile(r"\b(Float8_e4m3fnuz|Float8_e4m3fn|Float8_e5m2fnuz|Float8_e5m2|Float4_e2m1fn_x2|BFloat16|Half|"
+                    r"__nv_bfloat16|__nv_fp8_e4m3|__nv_fp8_e5m2|__half|float|double|int8_t|uint8_t)\b")
+
+
+_ENUM_ARG = re.compile(r"\(([\w:]+)\)(\d+)")   # `(vllm::Fp8KVCacheDataType)1`: an enum as a template argument
+
+
+def short_name(name: str, width: int = 64) -> str:
     """A kernel name without the noise of its C++ signature: no `void `, no PyTorch namespaces, no
     trailing argument list.
 
@@ -59,7 +66,16 @@ def short_name(name: str) -> str:
                 if not name[i - 1].isspace():
                     name = name[:i]
                 break
-    return name
+    if len(name) <= width or "<" not in name:
+        return name
+    # Too long: the kernel, the first name in its template arguments (what it does) and the types it
+    # works on (what tells an FP8 cast from a BF16 copy), the rest elided.
+    base, _, inner = name.partition("<")
+    first = re.match(r"[\w:]+", inner)
+    types = list(dict.fromkeys(_DTYPE.findall(inner)))
+    types += [f"{m.group(1).rsplit('::', 1)[-1]}={m.group(2)}" for m in _ENUM_ARG.finditer(inner)]
+    parts = ([first.group(0)] if first else []) + [t for t in types if not first or t != first.group(0)]
+    return f"{base}<{', '.join(parts)}, …>" if parts else name[:width - 1] + "…"
 
 
 def _table(title: str, name: str, *numbers: str) -> Table:

@@ -1,30 +1,32 @@
-"""A bench.json as a table: one row per concurrency level, milliseconds unless the column says."""
+"""A bench.json as a table: one row per concurrency level. Compact enough for 80 columns, numbers never
+cut (three significant figures, as compare shows them), the unit in the title."""
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 from harness.remote.bench import several_per_chunk
+from harness.report.compare import _fmt
 
 
 def render_bench(result: dict) -> Table:
     levels = result.get("levels", [])
     per_token = any(several_per_chunk(lv) for lv in levels)
-    t = Table(title=f"{result.get('model')} at {result.get('url')}", header_style="bold")
-    columns = ["conc", "done", "failed", "TTFT p50", "ITL p50", "ITL p99"]
-    columns += ["ITL/tok p50", "tok/chunk"] if per_token else []
-    columns += ["TPOT p50", "E2E p50", "tok/s", "req/s"]
+    t = Table(title=f"{result.get('model')} at {result.get('url')} (latencies in ms)", header_style="bold",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    columns = ["conc", "done", "failed", "TTFT\np50", "ITL\np50", "ITL\np99"]
+    columns += ["ITL/tok\np50", "tok/\nchunk"] if per_token else []
+    columns += ["TPOT\np50", "E2E\np50", "tok/s", "req/s"]
     for col in columns:
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
     for lv in levels:
         def q(metric: str, p: str, lv: dict = lv) -> str:
-            v = (lv.get(metric) or {}).get(p)
-            return "-" if v is None else f"{v:.1f}"
+            return _fmt((lv.get(metric) or {}).get(p))
         row = [str(lv["concurrency"]), str(lv["completed"]), str(lv["failed"]), q("ttft_ms", "p50"),
                q("itl_ms", "p50"), q("itl_ms", "p99")]
         if per_token:
             row += [q("itl_token_ms", "p50"), f"{lv.get('tokens_per_chunk') or 1:.2f}"]
-        row += [q("tpot_ms", "p50"), q("e2e_ms", "p50"), f"{lv.get('output_tok_s') or 0:.1f}",
-                f"{lv.get('requests_per_s') or 0:.2f}"]
-        t.add_row(*row)
+        row += [q("tpot_ms", "p50"), q("e2e_ms", "p50"), _fmt(lv.get("output_tok_s")), _fmt(lv.get("requests_per_s"))]
+        t.add_row(*row, style="red" if lv.get("failed") else None)
     return t

@@ -204,7 +204,7 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
               header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
     k.add_column("config", no_wrap=True, min_width=max(map(len, per_config)))
     k.add_column("share", justify="right", no_wrap=True, min_width=9)
-    k.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=60)
+    k.add_column("kernel", overflow="fold", max_width=72)   # wrapped, never cut: its end tells kernels apart
     ref_share = (ref or {}).get("shares") or {}
     for name, a in per_config.items():
         cells = [name, a.get("stage") or "all", _fmt(a.get("per_step_ms"))]
