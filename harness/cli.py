@@ -59,10 +59,10 @@ def exits(fn):
         try:
             return fn(*args, **kwargs)
         except InputError as e:
-            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
+            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except HarnessError as e:  # a message may hold `[host]` or `[/]`: text, never markup
-            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False)
+            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted")
@@ -136,7 +136,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         err.print(f"interrupted: {resume_hint}")
         raise typer.Exit(130)
     if outcome.fatal:
-        err.print(Text.assemble(("error: ", "red"), outcome.fatal))
+        err.print(Text.assemble(("error: ", "red"), outcome.fatal), soft_wrap=True)
         raise typer.Exit(1)
     misses = sweep_misses(outcome.sweep_dir)
     for miss in misses:

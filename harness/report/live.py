@@ -55,7 +55,8 @@ class Display:
         if self.console is None:
             return
         try:
-            self.console.print(message, markup=False, highlight=False)
+            # soft_wrap: a message is one line to copy (a keyscan command, a fingerprint), however narrow
+            self.console.print(message, markup=False, highlight=False, soft_wrap=True)
         except OSError:  # the reader went away (a closed pipe): the sweep goes on, silently
             self.console = None
 
