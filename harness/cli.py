@@ -239,10 +239,13 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
         if api_key_env not in os.environ:
             raise InputError(f"{api_key_env} is not set in the environment", key="--api-key-env")
         headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
+    from harness.report.live import BenchProgress
     try:
-        result = client.run_benchmark(url, model, concurrency=levels, requests=requests, warmup=warmup,
-                                      max_tokens=max_tokens, prompt=prompt, prompt_tokens=prompt_tokens,
-                                      api=api, headers=headers)
+        with BenchProgress(err) as shown:
+            result = client.run_benchmark(url, model, concurrency=levels, requests=requests, warmup=warmup,
+                                          max_tokens=max_tokens, prompt=prompt, prompt_tokens=prompt_tokens,
+                                          api=api, headers=headers, on_tick=shown.update,
+                                          progress=shown.level_done)
     except ValueError as e:  # the client's word for bad arguments
         raise InputError(str(e), key="harness bench") from None
     client.write_results(result, output)

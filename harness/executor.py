@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import random
 import shlex
 import shutil
@@ -40,7 +41,7 @@ from harness.lifecycle.server import stop_command
 from harness.lock import SweepLock
 from harness.plan import RunPaths, RunSpec, Sweep
 from harness.remote import install, private_workdir, remote_dir
-from harness.report.live import Display
+from harness.report.live import Display, describe_tick
 from harness.results import atomic_write, read_json, write_json, write_summary
 from harness.resume import fingerprint, plan_resume, run_inputs
 from harness.transport import Transport, connect
@@ -356,15 +357,19 @@ class Executor:
         interval = max(1.0, self.lease_s / 4)
         while not self.stop.wait(interval):
             with self.lock:
-                by_host: dict[str, list[str]] = {}
+                by_host: dict[str, list[RunContext]] = {}
                 for ctx in self.in_flight.values():
-                    by_host.setdefault(ctx.host.name, []).append(ctx.paths.lease)
-            for name, leases in by_host.items():
+                    by_host.setdefault(ctx.host.name, []).append(ctx)
+            for name, runs in by_host.items():
                 answered.setdefault(name, time.monotonic())
                 try:
                     link = links.get(name) or links.setdefault(name, connect(self.hosts[name].host.spec()))
-                    link.run("touch -c " + " ".join(map(shlex.quote, leases)), timeout=interval, check=False)
+                    # the same round trip brings back how far each benchmark has got (bench.py --progress-file)
+                    said = link.run("touch -c " + " ".join(shlex.quote(c.paths.lease) for c in runs)
+                                    + "".join(f"; echo; head -c 2000 {shlex.quote(c.paths.bench_progress)} "
+                                              "2>/dev/null" for c in runs), timeout=interval, check=False)
                     answered[name] = time.monotonic()
+                    self._show_progress(runs, said.stdout)
                 except HarnessError:
                     dropped = links.pop(name, None)
                     if dropped is not None:
@@ -374,6 +379,16 @@ class Executor:
                         answered.pop(name)
         for link in links.values():
             link.close()
+
+    def _show_progress(self, runs: list[RunContext], stdout: str) -> None:
+        """Each run's benchmark progress, as its host reported it: one line a run (empty: none yet)."""
+        for ctx, line in zip(runs, stdout.split("\n")[1:], strict=False):
+            try:
+                state = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue   # half written, or not ours: the next beat reads it again
+            if isinstance(state, dict) and {"level", "levels", "concurrency", "done"} <= set(state):
+                self.display.progress(ctx.host.name, ctx.run.run_id, describe_tick(state))
 
     def _lost(self, state: HostState, silent_s: float) -> None:
         if state.lost:

@@ -50,7 +50,7 @@ class RunPaths:
     def __getattr__(self, name: str) -> str:
         files = {"launch": "launch.sh", "log": "server.log", "pid_file": "server.pid", "lease": "lease",
                  "secrets_file": SECRETS_FILE, "profile_dir": "profile", "facts_dir": "facts",
-                 "bench_json": "bench.json"}
+                 "bench_json": "bench.json", "bench_progress": "bench.progress.json"}
         if name in files:
             return f"{self.root}/{files[name]}"
         raise AttributeError(name)

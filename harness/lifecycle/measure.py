@@ -41,7 +41,7 @@ def bench(ctx: RunContext) -> None:
     words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
     if b.extra_body:
         words += ["--extra-body", json.dumps(b.extra_body)]
-    words += ["--max-failed-share", b.max_failed_share]
+    words += ["--max-failed-share", b.max_failed_share, "--progress-file", ctx.paths.bench_progress]
     command = ctx.in_venv(f"python {q(ctx.tools_dir + '/bench.py')} " + " ".join(q(str(w)) for w in words))
     # the worst case: every request of every level runs into its own timeout, one wave after another
     waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)

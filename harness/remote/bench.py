@@ -177,8 +177,9 @@ class _Loop:
     later; per chunk the loop does one recv, one append and a 7-byte comparison.
     """
 
-    def __init__(self, target: Target, timeout: float):
+    def __init__(self, target: Target, timeout: float, tick: Callable[[list[_Exchange]], None] | None = None):
         self.target, self.timeout_ns = target, int(timeout * 1e9)
+        self.tick, self.next_tick_ns = tick, 0   # progress, at most once a second: off the hot path
         self.sel = selectors.DefaultSelector()
         self.tls = ssl.create_default_context() if target.tls else None
         self.live: dict[_Exchange, None] = {}   # in flight, oldest (the next to time out) first
@@ -211,6 +212,9 @@ class _Loop:
                 while self.live and oldest.deadline_ns <= now:
                     self._finish(oldest, "timeout")
                     oldest = next(iter(self.live), oldest)
+                if self.tick is not None and now >= self.next_tick_ns:
+                    self.next_tick_ns = now + 1_000_000_000
+                    self.tick(self.finished)
         finally:
             for x in list(self.live):
                 self._finish(x, "benchmark interrupted")
@@ -286,7 +290,7 @@ class _Loop:
 
 
 def _run_share(target: Target, streams: int, count: int | None, warmup: int, duration: float | None,
-               timeout: float, barrier=None) -> tuple[list[Outcome], float]:
+               timeout: float, barrier=None, tick=None) -> tuple[list[Outcome], float]:
     """Warm up, wait for the other workers, measure; parse only once every stream has ended. Returns
     the outcomes and the CPU seconds the measured streams cost this process (parsing excluded)."""
     loop = _Loop(target, timeout)
@@ -298,6 +302,7 @@ def _run_share(target: Target, streams: int, count: int | None, warmup: int, dur
         if barrier is not None:
             barrier.wait()
         cpu = time.process_time()
+        loop.tick = tick
         exchanges = loop.run(streams, count, duration)
         cpu = time.process_time() - cpu
     finally:
@@ -317,10 +322,10 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def _run_level(target: Target, concurrency: int, count: int | None, warmup: int,
-               duration: float | None, timeout: float, workers: int) -> tuple[list[Outcome], float]:
+               duration: float | None, timeout: float, workers: int, tick=None) -> tuple[list[Outcome], float]:
     workers = min(workers, concurrency)
     if workers == 1:
-        return _run_share(target, concurrency, count, warmup, duration, timeout)
+        return _run_share(target, concurrency, count, warmup, duration, timeout, tick=tick)
     # spawn, not fork: run_benchmark may be called in-process by a harness that has threads.
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(workers), ctx.Queue()
@@ -644,7 +649,7 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
                   prompt_tokens: int | None = None, api: str = "completions", ignore_eos: bool = True,
                   timeout: float = DEFAULT_TIMEOUT_S, duration: float | None = None, workers: int = 1,
                   progress: Callable[[dict], None] | None = None, extra_body: dict | None = None,
-                  headers: dict[str, str] | None = None) -> dict:
+                  headers: dict[str, str] | None = None, on_tick: Callable[[dict], None] | None = None) -> dict:
     """Run every concurrency level; return bench.json's content plus "requests" (requests.jsonl's lines).
 
     `requests` is per level (default: max(2 x concurrency, 16); with `duration`, a cap). Raises
@@ -684,9 +689,10 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
                          "host": socket.gethostname(), "workers": workers, "clock": "time.monotonic_ns",
                          "percentiles": "linear interpolation (numpy default)"},
               "levels": [], "requests": []}
-    for c in concurrency:
+    for index, c in enumerate(concurrency):
         count = requests if requests is not None or duration is not None else max(2 * c, 16)
-        outcomes, cpu_s = _run_level(target, c, count, warmup, duration, timeout, workers)
+        tick = _ticker(on_tick, c, count, duration, max_tokens, len(concurrency), index) if on_tick else None
+        outcomes, cpu_s = _run_level(target, c, count, warmup, duration, timeout, workers, tick)
         level, records = summarize_level(c, outcomes)
         chunks = sum(r["chunks"] for r in records)
         level["client_cpu_s"] = cpu_s
@@ -698,6 +704,25 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
         if progress:
             progress(level)
     return result
+
+
+def _ticker(on_tick: Callable[[dict], None], concurrency: int, count: int | None, duration: float | None,
+            max_tokens: int, levels: int, index: int) -> Callable[[list[_Exchange]], None]:
+    """Once a second, where the level stands: requests done (and failed) of how many, elapsed, an ETA,
+    and tokens a second so far (completed requests x max_tokens: an estimate until the level ends)."""
+    started = time.monotonic()
+
+    def tick(finished: list[_Exchange]) -> None:
+        elapsed = time.monotonic() - started
+        done, failed = len(finished), sum(x.error is not None for x in finished)
+        total = count if count is not None else None
+        eta = (elapsed / done * (total - done) if total and done else
+               (duration - elapsed if duration else None))
+        on_tick({"concurrency": concurrency, "level": index + 1, "levels": levels, "done": done,
+                 "failed": failed, "of": total, "elapsed_s": round(elapsed, 1),
+                 "eta_s": None if eta is None else round(max(0.0, eta), 1),
+                 "tok_s_estimate": round((done - failed) * max_tokens / elapsed, 1) if elapsed else None})
+    return tick
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -775,6 +800,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="processes to split each level's streams over (default 1; raise it only beyond "
                         "~20,000 chunks/s and where cores are free beside the server's)")
     p.add_argument("--out", default="bench.json", help="bench.json path; requests.jsonl goes beside it")
+    p.add_argument("--progress-file", help="a JSON file rewritten once a second with where the level stands")
     p.add_argument("--max-failed-share", type=float, default=0.0,
                    help="exit 4 when more than this share of a level's requests failed (default 0: any)")
     return p
@@ -806,11 +832,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_tokens=args.max_tokens, prompt=args.prompt, prompt_tokens=args.prompt_tokens, api=args.api,
             ignore_eos=args.ignore_eos, timeout=args.timeout, duration=args.duration, workers=args.workers,
             extra_body=args.extra_body,
-            progress=lambda level: print(format_level(level), file=sys.stderr, flush=True))
+            progress=lambda level: print(format_level(level), file=sys.stderr, flush=True),
+            on_tick=(lambda state: _write_atomic(Path(args.progress_file), json.dumps(state)))
+            if args.progress_file else None)
     except ValueError as e:
         print(f"bench.py: error: {e}", file=sys.stderr)
         return 2
     write_results(result, args.out)
+    if args.progress_file:   # its job is done: bench.json says how it ended
+        with contextlib.suppress(OSError):
+            os.unlink(args.progress_file)
     if not any(level["completed"] for level in result["levels"]):
         errors = Counter(r["error"] for r in result["requests"] if r["error"])
         why = errors.most_common(1)[0][0] if errors else "no request was sent"

@@ -7,11 +7,13 @@ pipe): one line per event, so a log file reads as a story.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -36,6 +38,7 @@ class Display:
         self.durations: list[float] = []
         self.started = time.monotonic()
         self._live: Live | None = None
+        self._last_progress: dict[str, tuple] = {}
 
     def start(self, *, total: int, done: int, hosts: list[str]) -> None:
         self.total, self.done_count = total, done
@@ -71,6 +74,17 @@ class Display:
             self.hosts[host] = (run_id, phase, time.monotonic())
         if not self.live_mode:
             self.log(f"[{host}] {run_id}: {phase}")
+
+    def progress(self, host: str, run_id: str, text: str) -> None:
+        """How far a phase has got (a benchmark level's requests): the phase's clock keeps running; a
+        plain log gets a line only when the level or its tens of percent change."""
+        with self.lock:
+            _, _, since = self.hosts.get(host, (run_id, text, time.monotonic()))
+            self.hosts[host] = (run_id, text, since)
+            key = (run_id, text.split(":")[0], _tenths(text))
+            changed, self._last_progress[host] = self._last_progress.get(host) != key, key
+        if not self.live_mode and changed:
+            self.log(f"[{host}] {run_id}: {text}")
 
     def done(self, manifest: dict) -> None:
         host = (manifest.get("host") or {}).get("name", "?")
@@ -108,3 +122,62 @@ class Display:
                       f"{now - self.started:.0f} s elapsed"
                       + (f", about {eta / 60:.0f} min left" if eta is not None else ""))
         return Group(table, Text(footer, style="bold"))
+
+
+def _tenths(text: str) -> int | None:
+    """Tens of percent done in a progress line `... N/M requests ...`."""
+    m = re.search(r"(\d+)/(\d+) requests", text)
+    return int(m.group(1)) * 10 // int(m.group(2)) if m and int(m.group(2)) else None
+
+
+def describe_tick(state: dict) -> str:
+    """A benchmark level in progress, in one short line (the sweep's display and `harness bench`)."""
+    of = f"/{state['of']}" if state.get("of") else ""
+    eta = f", ~{state['eta_s']:.0f} s left" if state.get("eta_s") is not None else ""
+    failed = f", {state['failed']} failed" if state.get("failed") else ""
+    rate = f", ~{state['tok_s_estimate']:,.0f} tok/s" if state.get("tok_s_estimate") else ""
+    return (f"bench level {state['level']}/{state['levels']} (concurrency {state['concurrency']}): "
+            f"{state['done']}{of} requests{failed}{rate}{eta}")
+
+
+class BenchProgress:
+    """`harness bench`'s progress: a bar per level on a terminal, a line a level otherwise."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.level: int | None = None
+
+    def __enter__(self) -> BenchProgress:
+        if self.console.is_terminal:
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TextColumn("{task.fields[note]}"),
+                                     console=self.console, transient=True)
+            self.progress.start()
+        return self
+
+    def update(self, state: dict) -> None:
+        if self.progress is None:
+            return
+        if self.level != state["level"]:
+            self.level = state["level"]
+            self.task = self.progress.add_task(f"concurrency {state['concurrency']}", total=state.get("of"),
+                                               note="")
+        assert self.task is not None
+        note = ", ".join(x for x in (f"{state['failed']} failed" if state["failed"] else "",
+                                     f"~{state['tok_s_estimate']:,.0f} tok/s" if state["tok_s_estimate"] else "",
+                                     f"~{state['eta_s']:.0f} s left" if state["eta_s"] is not None else "") if x)
+        self.progress.update(self.task, completed=state["done"], note=note)
+
+    def level_done(self, level: dict) -> None:
+        line = (f"concurrency {level['concurrency']}: {level['completed']}/{level['requests']} done, "
+                f"{level['output_tok_s'] or 0:,.1f} tok/s")
+        if self.progress is not None:
+            self.progress.console.print(line, markup=False, highlight=False)
+        else:
+            self.console.print(line, markup=False, highlight=False)
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()

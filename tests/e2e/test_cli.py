@@ -58,6 +58,7 @@ def test_bench_measures_any_openai_server_and_writes_both_files(tmp_path, sim_se
     assert all(lv["output_tokens"] == 24 for lv in bench["levels"])
     assert len((out.parent / "requests.jsonl").read_text().splitlines()) == 6
     assert "tiny" in run.stdout
+    assert "concurrency 1: 3/3 done" in run.stderr and "concurrency 3: 3/3 done" in run.stderr  # never silent
 
 
 @pytest.mark.parametrize("url, model, why", [

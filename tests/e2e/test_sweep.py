@@ -7,6 +7,7 @@ engine's real launch command, real HTTP, the real profiler protocol, real files 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,14 @@ def test_an_interrupted_sweep_stops_its_server_flushes_the_journal_and_exits_130
     assert json.loads(journal[-1]) | {"state": "interrupted", "run_id": "slow-1"} == json.loads(journal[-1])
     leftovers = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True).stdout
     assert leftovers == ""
+
+
+def test_the_sweep_shows_how_far_each_benchmark_level_has_got(tmp_path, ssh_inventory):
+    """A level can take tens of minutes: the heartbeat brings back the host's progress file, and the
+    sweep's output says requests done of how many, tokens a second so far and the time left."""
+    pb = playbook(tmp_path, configs=[{"name": "slow", "env": {"HARNESS_SIM_TIME_SCALE": "0.3"}}], profile="none",
+                  benchmark={"prompt": "hello", "max_tokens": 24, "concurrency": [1, 2], "requests": 8, "warmup": 0})
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r", "--lease", "4")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"slow-1: bench level [12]/2 \(concurrency [12]\): \d+/8 requests", run.stderr), run.stderr
+    assert not list((tmp_path / "r").rglob("bench.progress.json"))
