@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.config.playbook import ENV_NAME
-from harness.config.yamlfile import Loc, YamlDoc, dotted, load_yaml
+from harness.config.yamlfile import Loc, YamlDoc, dotted, load_yaml, read_text
 from harness.errors import InputError
 from harness.remote import DEFAULT_WORKDIR
 from harness.transport.base import HostSpec
@@ -287,12 +287,7 @@ def _is_ini(path: Path) -> bool:
 
 def load_ini(path: Path) -> YamlDoc:
     """An Ansible INI inventory as the YAML shape, with the line of every host and variable."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read: {e}", file=str(path)) from None
+    text = read_text(path)
     groups: dict[str, dict] = {"all": {}}
     lines: dict[Loc, int] = {}
     parents: dict[str, str] = {}

@@ -80,14 +80,19 @@ class YamlDoc:
             raise self.error(loc, message + ("\n" + "\n".join(more) if more else "")) from None
 
 
-def load_yaml(path: Path | str) -> YamlDoc:
-    path = Path(path)
+def read_text(path: Path) -> str:
+    """A file we were pointed at, or an InputError naming it."""
     try:
-        text = path.read_text()
+        return path.read_text()
     except FileNotFoundError:
         raise InputError("file not found", file=str(path)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read: {e}", file=str(path)) from None
+
+
+def load_yaml(path: Path | str) -> YamlDoc:
+    path = Path(path)
+    text = read_text(path)
     loader = _LineLoader(text)
     try:
         data = loader.get_single_data()
