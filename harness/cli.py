@@ -123,7 +123,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
               + (" (resumed)" if resume else ""))
     if jobs and jobs > len(sw.hosts):
         err.print(f"note: --jobs {jobs}, but one run at a time goes to a host: at most {len(sw.hosts)} at once here")
-    outcome = Executor(sw, output, jobs=jobs, display=Display(err), fail_fast=fail_fast, retries=retries,
+    outcome = Executor(sw, output, jobs=jobs, events=Display(err), fail_fast=fail_fast, retries=retries,
                        deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
                        retry_failed=retry_failed, accept_changes=accept_changes,
                        argv=sys.argv[1:]).run()
@@ -143,9 +143,9 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         err.print(Text.assemble(("reference missed: ", "red"), str(miss)), highlight=False)
     if outcome.failed:
         err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
-    skipped = [m for m in outcome.manifests if m["status"] == "skipped"]
+    skipped = [m for m in outcome.manifests if m.status == "skipped"]
     if skipped:
-        err.print(f"{len(skipped)} runs did not start ({skipped[0].get('skipped')}): {resume_hint}")
+        err.print(f"{len(skipped)} runs did not start ({skipped[0].skipped}): {resume_hint}")
     if outcome.failed or misses or skipped:
         raise typer.Exit(1)
 
@@ -177,6 +177,12 @@ def _print_plan(sw, format: str) -> None:
     if format == "json":
         print(json.dumps(entries, indent=2))
         return
+    configs, repeat = len({e["config"] for e in entries}), sw.playbook.repeat
+    hosts = f" x {len(sw.hosts)} hosts (placement each)" if sw.playbook.placement == "each" else ""
+    out.print(f"{len(entries)} runs ({configs} configurations{hosts} x {repeat} repeat{'s' * (repeat > 1)}):",
+              highlight=False)
+    for e in entries:
+        out.print(f"  {e['run_id']}  [dim]on {e['host']}[/]", highlight=False, soft_wrap=True)
     for e in entries:
         out.rule(f"{e['run_id']}  [dim]on {e['host']}[/]")
         out.print(e["script"], markup=False, highlight=False, soft_wrap=True)
@@ -330,20 +336,21 @@ def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
     from harness.report.live import Display
     from harness.report.reproduce_view import render_comparison
     from harness.reproduce import compare_runs, prepare
+    from harness.results import SweepLayout
 
     sw = prepare(run_dir, inventory, host=host, results=output)
     out.print(f"reproducing [bold]{run_dir}[/] on {sw.hosts[0].name} as sweep {sw.sweep_id}")
-    outcome = Executor(sw, output, display=Display(err), argv=sys.argv[1:]).run()
+    outcome = Executor(sw, output, events=Display(err), argv=sys.argv[1:]).run()
     if outcome.interrupted:
         raise typer.Exit(130)
     (manifest,) = outcome.manifests
-    new_dir = outcome.sweep_dir / "runs" / manifest["run_id"]
+    new_dir = SweepLayout(outcome.sweep_dir).run(manifest.run_id).dir
     out.print(render_comparison(compare_runs(run_dir, new_dir), before=f"original ({run_dir.name})",
                                 after=f"now ({sw.hosts[0].name})"))
     out.print(f"results: {outcome.sweep_dir}")
-    if manifest["status"] != "ok":
+    if not manifest.ok:
         err.print(Text.assemble(("the reproduced run failed: ", "red"),
-                                str((manifest.get("error") or {}).get("message"))))
+                                manifest.error.message if manifest.error else "no error recorded"))
         raise typer.Exit(1)
 
 

@@ -10,14 +10,17 @@ the journal is next opened for writing.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-STATES = ("pending", "running", "retry", "ok", "failed", "skipped", "interrupted")
+from pydantic import ValidationError
+
+from harness.results.models import JournalEvent, RunState
+
+STATES: tuple[str, ...] = get_args(RunState)
 FINAL = ("ok", "failed")   # what --resume leaves alone; skipped runs (deadline, fail-fast) run on resume
 
 
@@ -29,9 +32,8 @@ class Journal:
         _cut_torn_tail(self.path)
 
     def append(self, run_id: str, state: str, **fields: Any) -> None:
-        assert state in STATES, state
-        line = (json.dumps({"t": time.time(), "run_id": run_id, "state": state, **fields}, default=str)
-                + "\n").encode()
+        event = JournalEvent.model_validate({"t": time.time(), "run_id": run_id, "state": state, **fields})
+        line = (event.line() + "\n").encode()
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -67,23 +69,23 @@ def _cut_torn_tail(path: Path) -> None:
         return
 
 
-def read_journal(path: Path) -> list[dict]:
-    events: list[dict] = []
+def read_journal(path: Path) -> list[JournalEvent]:
+    events: list[JournalEvent] = []
     try:
         lines = Path(path).read_text().splitlines()
     except FileNotFoundError:
         return events
     for line in lines:
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn write from a kill: the run it describes was in flight
+            events.append(JournalEvent.model_validate_json(line))
+        except ValidationError:
+            continue  # a torn write from a kill (the run it describes was in flight), or not ours
     return events
 
 
-def latest_states(path: Path) -> dict[str, dict]:
+def latest_states(path: Path) -> dict[str, JournalEvent]:
     """run_id -> its last event."""
-    states: dict[str, dict] = {}
+    states: dict[str, JournalEvent] = {}
     for event in read_journal(path):
-        states[event["run_id"]] = event
+        states[event.run_id] = event
     return states

@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 import harness
 from harness.config.inventory import Host, Inventory, load_inventory
-from harness.config.playbook import Config, Playbook, load_playbook
+from harness.config.playbook import Benchmark, Config, Playbook, load_playbook
 from harness.config.yamlfile import Loc, YamlDoc
 from harness.engines import Engine, engine_for
 from harness.errors import InputError
 from harness.remote import remote_dir
 from harness.render import BUILTIN_TEMPLATES, EnvRef, builtin_templates, render_string, render_template
+from harness.results.layout import HostRunLayout
 from harness.secrets import Redactor, arg_env_name, is_secret
 
 
@@ -32,28 +35,7 @@ class RunSpec:
     config: Config
     repeat: int                    # 1-based
     hosts: tuple[Host, ...]        # where it may run: the pool's hosts, or the one host of `each`
-
-
-SECRETS_FILE = ".secrets.env"
-"""A run's secret environment on its host (mode 0600): never pulled, removed at every teardown."""
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """Where a run lives on its host."""
-    root: str                      # workdir/sweep_id/run_id
-
-    @classmethod
-    def of(cls, host: Host, sweep_id: str, run_id: str) -> RunPaths:
-        return cls(f"{host.workdir.rstrip('/')}/{sweep_id}/{run_id}")
-
-    def __getattr__(self, name: str) -> str:
-        files = {"launch": "launch.sh", "log": "server.log", "pid_file": "server.pid", "lease": "lease",
-                 "secrets_file": SECRETS_FILE, "profile_dir": "profile", "facts_dir": "facts",
-                 "bench_json": "bench.json", "bench_progress": "bench.progress.json"}
-        if name in files:
-            return f"{self.root}/{files[name]}"
-        raise AttributeError(name)
+    benchmark: Benchmark           # the playbook's, with the configuration's own settings over it
 
 
 @dataclass
@@ -63,7 +45,7 @@ class Rendered:
     env: dict[str, str]            # public env (in the script)
     secret_env: dict[str, str]     # reaches the host in a 0600 file, never in the script
     port: int
-    paths: RunPaths
+    paths: HostRunLayout
 
 
 @dataclass
@@ -84,17 +66,17 @@ class Sweep:
     @property
     def redactor(self) -> Redactor:
         values = []
-        for env in [self.playbook.server.env, *(c.env for c in self.playbook.configs),
+        for env in [self.playbook.server.env, *(c.env for c in self.playbook.all_configs),
                     *(h.env for h in self.hosts)]:
             values += [v for k, v in env.items() if is_secret(k, self.secret_names)]
-        for args in [self.playbook.server.args, *(c.args for c in self.playbook.configs)]:
+        for args in [self.playbook.server.args, *(c.args for c in self.playbook.all_configs)]:
             values += [str(v) for k, v in args.items()
                        if is_secret(k, self.secret_names) and isinstance(v, (str, int)) and not isinstance(v, bool)]
         return Redactor(values)
 
     def render(self, run: RunSpec, host: Host) -> Rendered:
         pb = self.playbook
-        paths = RunPaths.of(host, self.sweep_id, run.run_id)
+        paths = HostRunLayout.of(host.workdir, self.sweep_id, run.run_id)
         port = pb.server.port or self.engine.default_port
         tools = remote_dir(host.workdir)
         base: dict[str, Any] = {
@@ -105,17 +87,16 @@ class Sweep:
             "config": {"name": run.config.name, "description": run.config.description},
             "model": pb.model.model_dump() | {"name": pb.model.name},
             "engine": self.engine.name, "flavor": self.engine.speaks, "launcher": self.engine.launcher,
-            "profile": pb.profile.model_dump(), "benchmark": pb.benchmark.model_dump(),
+            "profile": pb.profile.model_dump(), "benchmark": run.benchmark.model_dump(),
             "vars": pb.vars, "playbook": {"name": pb.name}, "harness_version": harness.__version__,
             "nodes": [host.name], "node_rank": 0, "port": port,
             "tools": {"dir": tools, "torchprof": f"{tools}/torchprof.py"},
             "server": {"port": port, "host": pb.server.host, "startup_timeout_s": pb.server.startup_timeout_s},
         }
-        index = pb.configs.index(run.config)
-        args = self._merged(base, [(("server", "args"), pb.server.args),
-                                   (("configs", index, "args"), run.config.args)])
+        at = run.config.at
+        args = self._merged(base, [(("server", "args"), pb.server.args), ((*at, "args"), run.config.args)])
         env = self._merged(base, [(None, host.env), (("server", "env"), pb.server.env),
-                                  (("configs", index, "env"), run.config.env)])
+                                  ((*at, "env"), run.config.env)])
         secret = {k: v for k, v in env.items() if is_secret(k, self.secret_names)}
         public = {k: v for k, v in env.items() if k not in secret}
         for flag, value in list(args.items()):   # `api-key: ...`: the value goes where secrets go
@@ -173,14 +154,21 @@ def find_template(path: str | None, engine: Engine, playbook_path: Path) -> Path
     return BUILTIN_TEMPLATES / engine.template
 
 
-def expand(pb: Playbook, hosts: list[Host]) -> list[RunSpec]:
+def expand(pb: Playbook, hosts: list[Host], doc: YamlDoc | None = None) -> list[RunSpec]:
     runs = []
-    for config in pb.configs:
+    for config in pb.all_configs:
+        try:
+            bench = Benchmark.model_validate(pb.benchmark.model_dump() | config.benchmark)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = (*config.at, "benchmark", *first["loc"])
+            raise InputError(f"configuration {config.name}: {first['msg']}", file=str(doc.path) if doc else None,
+                             key=".".join(map(str, where)), line=doc.line(where) if doc else None) from None
         for rep in range(1, pb.repeat + 1):
             if pb.placement == "pool":
-                runs.append(RunSpec(f"{config.name}-{rep}", config, rep, tuple(hosts)))
+                runs.append(RunSpec(f"{config.name}-{rep}", config, rep, tuple(hosts), bench))
             else:
-                runs += [RunSpec(f"{config.name}-{h.name}-{rep}", config, rep, (h,)) for h in hosts]
+                runs += [RunSpec(f"{config.name}-{h.name}-{rep}", config, rep, (h,), bench) for h in hosts]
     return runs
 
 
@@ -213,6 +201,6 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
     engine = engine_for(pb)
     sweep = Sweep(pb, doc, inventory, hosts, engine,
                   find_template(pb.template, engine, playbook_path), sweep_id or new_sweep_id(pb.name))
-    sweep.runs = expand(pb, hosts)
+    sweep.runs = expand(pb, hosts, doc)
     sweep.validate()
     return sweep

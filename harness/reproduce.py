@@ -22,7 +22,8 @@ import yaml
 from harness.errors import InputError
 from harness.plan import Sweep, load_sweep
 from harness.remote.bench import percentile
-from harness.results import read_json
+from harness.results import BenchLevel, RunLayout, RunManifest, RunResult, Unreadable, read_model
+from harness.results import load_run as load_run_result
 from harness.secrets import MASK
 
 METRICS = [("ttft_ms", "p50", "TTFT p50 ms"), ("itl_ms", "p50", "ITL p50 ms"), ("itl_ms", "p99", "ITL p99 ms"),
@@ -32,27 +33,26 @@ DEFAULT_NOISE = 0.05   # relative band assumed when neither repeats nor requests
 MIN_NOISE = 0.02
 
 
-def load_run(run_dir: Path) -> dict:
-    manifest_path = Path(run_dir) / "manifest.json"
-    try:
-        manifest = read_json(manifest_path)
-    except FileNotFoundError:
-        raise InputError("not a run directory (no manifest.json)", file=str(run_dir)) from None
-    except ValueError as e:
-        raise InputError(f"unreadable manifest: {e}", file=str(manifest_path)) from None
-    for key in ("playbook", "template"):
-        if key not in manifest or (key == "template" and "files" not in manifest["template"]):
-            raise InputError(f"the manifest has no `{key}` record: it was written by an older harness and "
-                             "cannot be reproduced from the directory alone", file=str(manifest_path))
+def load_run(run_dir: Path) -> RunManifest:
+    """The run's manifest, checked for what reproducing needs: the resolved playbook and every template."""
+    layout = RunLayout(Path(run_dir))
+    if not layout.manifest.exists():
+        raise InputError(f"not a run directory (no {layout.manifest.name})", file=str(run_dir))
+    manifest = read_model(layout.manifest, RunManifest)
+    template = manifest.template or {}
+    if not isinstance(manifest.playbook, dict) or not isinstance(template.get("files"), dict):
+        missing = "playbook" if not isinstance(manifest.playbook, dict) else "template"
+        raise InputError(f"the manifest has no `{missing}` record: it was written by an older harness and "
+                         "cannot be reproduced from the directory alone", file=str(layout.manifest))
     # a run directory may come from anyone: its names must not lead a write out of the results folder
-    names = [manifest["template"].get("name"), *manifest["template"]["files"]]
-    if not isinstance(manifest.get("run_id"), str) or not SAFE_NAME.match(manifest["run_id"]):
-        raise InputError(f"run_id {manifest.get('run_id')!r} is not a plain name", file=str(manifest_path),
-                         key="run_id")
-    for name in names:
+    if not SAFE_NAME.match(manifest.run_id):
+        raise InputError(f"run_id {manifest.run_id!r} is not a plain name", file=str(layout.manifest), key="run_id")
+    for name in [template.get("name"), *template["files"]]:
         if not isinstance(name, str) or not TEMPLATE_NAME.match(name):
-            raise InputError(f"template file name {name!r} is not a plain file name", file=str(manifest_path),
+            raise InputError(f"template file name {name!r} is not a plain file name", file=str(layout.manifest),
                              key="template.files")
+    if not all(isinstance(text, str) for text in template["files"].values()):
+        raise InputError("a template's text is not text", file=str(layout.manifest), key="template.files")
     return manifest
 
 
@@ -63,21 +63,25 @@ TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.j2$")
 def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) -> Sweep:
     """Write the recorded playbook and templates beside the results and load them as a new sweep."""
     manifest = load_run(run_dir)
-    playbook = manifest["playbook"]
-    target = host or playbook["hosts"]
-    for section in (playbook["server"], *playbook["configs"]):
-        section["env"] = {k: _secret(k, v, run_dir) for k, v in section.get("env", {}).items()}
+    playbook = manifest.playbook or {}
+    try:
+        target = host or playbook["hosts"]
+        for section in (playbook["server"], *playbook["configs"]):
+            section["env"] = {k: _secret(k, v, run_dir) for k, v in (section.get("env") or {}).items()}
+    except (KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"the recorded playbook is not one a harness wrote ({type(e).__name__}: {e})",
+                         file=str(RunLayout(Path(run_dir)).manifest), key="playbook") from None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    where = Path(results) / ".reproduce" / f"{manifest['run_id']}-{stamp}"
+    where = Path(results) / ".reproduce" / f"{manifest.run_id}-{stamp}"
     where.mkdir(parents=True, exist_ok=True)
-    template = manifest["template"]
+    template = manifest.template or {}
     for name, text in template["files"].items():
         (where / name).write_text(text)
     playbook = playbook | {"hosts": target, "template": str(where / template["name"])}
     (where / "playbook.yaml").write_text(yaml.safe_dump(playbook, sort_keys=False))
     if (where / "playbook.yaml").stat().st_mode & 0o077:
         os.chmod(where / "playbook.yaml", 0o600)  # it may hold secrets taken from the environment
-    return load_sweep(where / "playbook.yaml", inventory, sweep_id=f"{playbook['name']}-reproduce-{stamp}")
+    return load_sweep(where / "playbook.yaml", inventory, sweep_id=f"{playbook.get('name')}-reproduce-{stamp}")
 
 
 def _secret(name: str, value: str, run_dir: Path) -> str:
@@ -85,7 +89,7 @@ def _secret(name: str, value: str, run_dir: Path) -> str:
         return value
     if name not in os.environ:
         raise InputError(f"the recorded run used the secret {name}; set it in the environment to reproduce",
-                         file=str(Path(run_dir) / "manifest.json"), key=f"env.{name}")
+                         file=str(RunLayout(Path(run_dir)).manifest), key=f"env.{name}")
     return os.environ[name]
 
 
@@ -111,23 +115,23 @@ class Row:
 
 def compare_runs(original_dir: Path, new_dir: Path) -> dict:
     """Facts that differ and metric rows for two run directories."""
-    before, after = read_json(original_dir / "manifest.json"), read_json(new_dir / "manifest.json")
+    original, new = load_run_result(RunLayout(Path(original_dir))), load_run_result(RunLayout(Path(new_dir)))
+    before, after = original.manifest, new.manifest
     facts = []
     for key in FACTS:
-        a, b = (before.get("facts") or {}).get(key), (after.get("facts") or {}).get(key)
+        a, b = (before.facts or {}).get(key), (after.facts or {}).get(key)
         if a != b:
             facts.append({"fact": key, "before": a, "after": b})
     for key in ("gpu", "gpus"):
-        a, b = before["host"].get(key), after["host"].get(key)
+        a, b = getattr(before.host, key, None), getattr(after.host, key, None)
         if a != b:
             facts.append({"fact": f"host.{key}", "before": a, "after": b})
     rows = []
-    old_levels = _levels(original_dir)
-    new_levels = _levels(new_dir)
-    repeats = _repeat_levels(original_dir, before)
-    requests = _requests(original_dir)
-    for conc, old in old_levels.items():
-        new = new_levels.get(conc, {})
+    new_levels = {lv.concurrency: lv for lv in new.levels}
+    repeats = _repeat_levels(original)
+    requests = _requests(original.layout)
+    for old in original.levels:
+        conc = old.concurrency
         for metric, q, label in METRICS:
             samples = [s for s in (_value(lv, metric, q) for lv in repeats.get(conc, [])) if s]
             if len(samples) >= 2:
@@ -137,16 +141,16 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
                 noise, source = split, "half-split of the original's requests"
             else:
                 noise, source = DEFAULT_NOISE, "assumed"
-            rows.append(Row(label, conc, _value(old, metric, q), _value(new, metric, q), max(noise, MIN_NOISE),
-                            source))
-    kernels = {"before": _top(original_dir), "after": _top(new_dir)}
-    return {"facts": facts, "rows": rows, "kernels": kernels, "status": (before["status"], after["status"])}
+            rows.append(Row(label, conc, _value(old, metric, q), _value(new_levels.get(conc), metric, q),
+                            max(noise, MIN_NOISE), source))
+    kernels = {"before": _top(original), "after": _top(new)}
+    return {"facts": facts, "rows": rows, "kernels": kernels, "status": (before.status, after.status)}
 
 
-def _requests(run_dir: Path) -> dict[int, list[dict]]:
+def _requests(layout: RunLayout) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     try:
-        lines = (run_dir / "requests.jsonl").read_text().splitlines()
+        lines = layout.requests.read_text().splitlines()
     except OSError:
         return out
     for line in lines:
@@ -154,7 +158,7 @@ def _requests(run_dir: Path) -> dict[int, list[dict]]:
             r = json.loads(line)
         except ValueError:
             continue
-        if not r.get("error"):
+        if isinstance(r, dict) and not r.get("error") and isinstance(r.get("concurrency"), int):
             out.setdefault(r["concurrency"], []).append(r)
     return out
 
@@ -178,36 +182,25 @@ def _split_half(requests: list[dict], metric: str, q: str | None) -> float | Non
     return abs(a - b) / whole
 
 
-def _levels(run_dir: Path) -> dict[int, dict]:
-    try:
-        return {lv["concurrency"]: lv for lv in read_json(run_dir / "bench.json")["levels"]}
-    except (OSError, ValueError, KeyError):
-        return {}
-
-
-def _repeat_levels(run_dir: Path, manifest: dict) -> dict[int, list[dict]]:
+def _repeat_levels(run: RunResult) -> dict[int, list[BenchLevel]]:
     """The same configuration's repeats in the original sweep (this run included)."""
-    out: dict[int, list[dict]] = {}
-    for other in run_dir.parent.glob("*/manifest.json"):
+    out: dict[int, list[BenchLevel]] = {}
+    for layout in (RunLayout(p.parent) for p in run.layout.dir.parent.glob(f"*/{run.layout.manifest.name}")):
         try:
-            m = read_json(other)
-        except (OSError, ValueError):
+            other = load_run_result(layout)
+        except Unreadable:
             continue
-        if m.get("config", {}).get("name") == manifest["config"]["name"] and m.get("status") == "ok":
-            for conc, lv in _levels(other.parent).items():
-                out.setdefault(conc, []).append(lv)
+        if other.manifest.config.name == run.manifest.config.name and other.manifest.ok:
+            for lv in other.levels:
+                out.setdefault(lv.concurrency, []).append(lv)
     return out
 
 
-def _value(level: dict, metric: str, q: str | None) -> float | None:
-    if not level:
+def _value(level: BenchLevel | None, metric: str, q: str | None) -> float | None:
+    if level is None:
         return None
-    v = level.get(metric)
-    return v.get(q) if q and isinstance(v, dict) else v
+    return level.stat(metric, q) if q else getattr(level, metric)
 
 
-def _top(run_dir: Path) -> list[tuple[str, float]]:
-    try:
-        return [(k["name"], k["share"]) for k in read_json(run_dir / "analysis.json")["top"][:3]]
-    except (OSError, ValueError, KeyError):
-        return []
+def _top(run: RunResult) -> list[tuple[str, float]]:
+    return [(k.name, k.share) for k in run.analysis.top[:3]] if run.analysis else []

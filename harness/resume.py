@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness
 from harness.errors import InputError
 from harness.journal import latest_states
 from harness.plan import RunSpec, Sweep
-from harness.results import read_json
+from harness.results import SweepLayout, SweepRecord, read_sweep
 
-NOT_INPUTS = ("configs", "repeat", "placement", "hosts", "references", "name")
+NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references", "name")
 """Playbook keys that do not change what a run measures (where it runs is placement, not input)."""
 
 
@@ -32,9 +33,27 @@ def run_inputs(sweep: Sweep, spec: RunSpec) -> dict[str, Any]:
     pb = sweep.playbook.model_dump(mode="json", exclude=set(NOT_INPUTS))
     config = spec.config.model_dump(mode="json")
     config.pop("description", None)
+    if not config.get("benchmark"):
+        config.pop("benchmark", None)   # as sweeps before per-configuration benchmarks recorded it
     data = {"playbook": pb, "config": config, "repeat": spec.repeat,
             "template": hashlib.sha256(sweep.template.read_bytes()).hexdigest()}
     return sweep.redactor.data(data)
+
+
+def sweep_record(sweep: Sweep, *, started: float, finished: float | None, argv: list[str],
+                 kept: list[dict[str, Any]]) -> SweepRecord:
+    """sweep.json: the sweep as loaded, every run with its inputs and their fingerprint (what a resume
+    compares), and `kept`: runs an edited playbook no longer has, whose results stay."""
+    redact = sweep.redactor
+    return SweepRecord.model_validate(redact.data({
+        "sweep_id": sweep.sweep_id, "harness_version": harness.__version__,
+        "playbook_path": str(sweep.doc.path), "playbook": sweep.playbook.model_dump(mode="json"),
+        "inventory_path": str(sweep.inventory.path),
+        "hosts": [h.public(redact) for h in sweep.hosts],
+        "runs": [{"run_id": r.run_id, "config": r.config.name, "hosts": [h.name for h in r.hosts],
+                  "inputs": (inputs := run_inputs(sweep, r)), "fingerprint": fingerprint(inputs)}
+                 for r in sweep.runs] + kept,
+        "argv": argv, "started": started, "finished": finished}))
 
 
 def fingerprint(inputs: dict) -> str:
@@ -52,20 +71,18 @@ class ResumePlan:
 def plan_resume(sweep: Sweep, sweep_dir: Path, *, retry_failed: bool = False,
                 accept_changes: bool = False) -> ResumePlan:
     """The runs a resume would do, from the journal and sweep.json alone (touches no host)."""
-    states = latest_states(sweep_dir / "journal.jsonl")
-    try:
-        recorded = read_json(sweep_dir / "sweep.json")
-    except (OSError, ValueError):
-        recorded = {}
-    before = {r["run_id"]: r for r in recorded.get("runs", [])}
+    layout = SweepLayout(Path(sweep_dir))
+    states = latest_states(layout.journal)
+    recorded = read_sweep(layout)
+    before = {r.run_id: r for r in (recorded.runs if recorded else [])}
     final = ("ok",) if retry_failed else ("ok", "failed")
     plan = ResumePlan(todo=[])
     for spec in sweep.runs:
         inputs = run_inputs(sweep, spec)
         old = before.get(spec.run_id)
-        if old and old.get("inputs") is not None and fingerprint(inputs) != old.get("fingerprint"):
-            plan.changed[spec.run_id] = differences(old["inputs"], inputs)
-        finished = states.get(spec.run_id, {}).get("state") in final
+        if old and old.inputs is not None and fingerprint(inputs) != old.fingerprint:
+            plan.changed[spec.run_id] = differences(old.inputs, inputs)
+        finished = spec.run_id in states and states[spec.run_id].state in final
         if finished and (spec.run_id not in plan.changed or accept_changes):
             plan.done.append(spec.run_id)   # changed and accepted: it keeps the inputs its manifest records
         else:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import re
 
+from harness.results.models import BenchLevel, RunManifest
+
 KNOWN_GPUS: list[tuple[str, float, tuple[str, ...]]] = [
     # (name, memory bandwidth per GPU in GB/s, other ways nvidia-smi spells it); first match wins
     ("GB200", 8000, ()),
@@ -63,53 +65,52 @@ def gpu_bandwidth(name: str | None) -> tuple[str, float] | None:
     return None
 
 
-def _bandwidth(manifest: dict) -> tuple[str | None, float, str] | None:
+def _bandwidth(manifest: RunManifest) -> tuple[str | None, float, str] | None:
     """(GPU name, GB/s, where the figure came from) or None when the GPU is unknown."""
-    host = manifest.get("host") or {}
-    gpus = (manifest.get("facts") or {}).get("gpus") or []
+    host = manifest.host
+    gpus = (manifest.facts or {}).get("gpus") or []
     reported = gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None
-    if host.get("gpu_bandwidth_gbs"):
-        return reported or host.get("gpu"), float(host["gpu_bandwidth_gbs"]), "inventory gpu_bandwidth_gbs"
-    for name, source in ((reported, "nvidia-smi"), (host.get("gpu"), "inventory gpu")):
+    if host.gpu_bandwidth_gbs:
+        return reported or host.gpu, float(host.gpu_bandwidth_gbs), "inventory gpu_bandwidth_gbs"
+    for name, source in ((reported, "nvidia-smi"), (host.gpu, "inventory gpu")):
         known = gpu_bandwidth(name)
         if known:
             return name, known[1], f"{source}: {known[0]}"
     return None
 
 
-def context_tokens(manifest: dict, level: dict | None) -> float:
+def context_tokens(manifest: RunManifest, level: BenchLevel | None, prompt_tokens: int | None = None) -> float:
     """Mean tokens in a sequence's context over its decode steps: prompt + half the output."""
     if level is None:
         return 0.0
-    bench = manifest.get("benchmark") or {}
-    prompt = level.get("prompt_tokens") or bench.get("prompt_tokens") or 0
-    completed = level.get("completed") or 0
-    output = level["output_tokens"] / completed if completed and level.get("output_tokens") \
+    bench = manifest.benchmark or {}
+    prompt = prompt_tokens or bench.get("prompt_tokens") or 0
+    output = level.output_tokens / level.completed if level.completed and level.output_tokens \
         else bench.get("max_tokens") or 0
     return float(prompt) + float(output) / 2
 
 
-def roofline_for(manifest: dict, level: dict | None) -> dict | None:
+def roofline_for(manifest: RunManifest, level: BenchLevel | None, prompt_tokens: int | None = None) -> dict | None:
     """The theoretical step time of one run at one benchmark level (None: batch 1, empty context) and,
     when the level was measured, the efficiency against it. None when the model or GPU facts are
     missing (the playbook's model section and the inventory say how to give them).
 
-    `level` is a bench.json level; bench.json keeps the prompt length beside the levels, so callers
-    copy it in as `level["prompt_tokens"]` (else the playbook's benchmark.prompt_tokens is used)."""
-    model = manifest.get("model") or {}
-    if not (model.get("active_params_b") and model.get("bytes_per_weight")):
+    `prompt_tokens` is bench.json's (it keeps the prompt length once, beside the levels); without it
+    the playbook's benchmark.prompt_tokens is used."""
+    model = manifest.model
+    if model is None or not (model.active_params_b and model.bytes_per_weight):
         return None
     bw = _bandwidth(manifest)
     if bw is None:
         return None
     gpu, gbs, source = bw
-    gpus = manifest.get("gpus_used") or (manifest.get("host") or {}).get("gpus") or 1
-    concurrency = (level or {}).get("concurrency") or 1
-    context = context_tokens(manifest, level)
-    weight_bytes = model["active_params_b"] * 1e9 * model["bytes_per_weight"]
-    kv_bytes = concurrency * (model.get("kv_bytes_per_token") or 0) * context
+    gpus = manifest.gpus_used or getattr(manifest.host, "gpus", None) or 1
+    concurrency = level.concurrency if level else 1
+    context = context_tokens(manifest, level, prompt_tokens)
+    weight_bytes = model.active_params_b * 1e9 * model.bytes_per_weight
+    kv_bytes = concurrency * (model.kv_bytes_per_token or 0) * context
     theoretical_ms = (weight_bytes + kv_bytes) / (gbs * 1e9 * gpus) * 1e3
-    measured = ((level or {}).get("itl_ms") or {}).get("p50")
+    measured = level.stat("itl_ms", "p50") if level else None
     return {"gpu": gpu, "bandwidth_gbs": gbs, "bandwidth_source": source, "gpus": gpus,
             "concurrency": concurrency, "context_tokens": context, "weight_bytes": weight_bytes,
             "kv_bytes": kv_bytes, "theoretical_ms": theoretical_ms,

@@ -8,12 +8,23 @@ flag the server section set).
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harness import engines
+from harness.config import matrix
 from harness.config.yamlfile import load_yaml
 
 ArgScalar = bool | int | float | str | None
@@ -80,7 +91,27 @@ class Config(Strict):
     name: str = Field(description="configuration name; run ids begin with it")
     args: Args = Field(default_factory=dict, description="flags merged over server.args")
     env: Env = Field(default_factory=dict, description="environment merged over server.env")
+    benchmark: dict[str, Any] = Field(default_factory=dict, description="benchmark settings of this "
+                                      "configuration's runs, over the playbook's (a matrix's benchmark axes)")
     description: str | None = None
+    _at: tuple[str | int, ...] = PrivateAttr(default=())   # where the playbook wrote it (for error lines)
+
+    @property
+    def at(self) -> tuple[str | int, ...]:
+        return self._at
+
+    def written_at(self, at: tuple[str | int, ...]) -> Config:
+        config = self.model_copy()
+        config._at = at
+        return config
+
+    @field_validator("benchmark")
+    @classmethod
+    def _benchmark_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = [k for k in v if k not in Benchmark.model_fields]
+        if unknown:
+            raise ValueError(f"the benchmark has no field {unknown[0]!r} (fields: {', '.join(Benchmark.model_fields)})")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -164,6 +195,71 @@ References = Annotated[dict[str, dict[str, Reference | dict[int, Reference]]],
                        AfterValidator(_check_references)]
 
 
+class Matrix(Strict):
+    axes: dict[str, list[Any]] = Field(min_length=1, description="path (args.FLAG, env.NAME, benchmark.FIELD) "
+                                       "-> its values; the configurations are their product")
+    exclude: list[dict[str, Any]] = Field(default_factory=list, description="points left out: those where "
+                                          "every key of an entry has its value")
+    include: list[dict[str, Any]] = Field(default_factory=list, description="points added as written")
+    link: dict[str, str] = Field(default_factory=dict, description="path -> the axis whose value it takes in "
+                                 "every point (`args.max-num-seqs: benchmark.concurrency`)")
+
+    @field_validator("axes")
+    @classmethod
+    def _axes(cls, axes: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for path, values in axes.items():
+            _check_path(path)
+            if not values:
+                raise ValueError(f"{path}: an axis needs at least one value")
+            if any(values.count(v) > 1 for v in values):
+                raise ValueError(f"{path}: a value appears twice")
+        return axes
+
+    @model_validator(mode="after")
+    def _entries(self) -> Matrix:
+        for what, entries in (("exclude", self.exclude), ("include", self.include)):
+            for i, entry in enumerate(entries):
+                for path in entry:
+                    _check_path(path)
+                    if what == "exclude" and path not in self.axes:
+                        raise ValueError(f"exclude[{i}]: {path!r} is not an axis (axes: {', '.join(self.axes)})")
+        for target, source in self.link.items():
+            _check_path(target)
+            if source not in self.axes and not any(source in e for e in self.include):
+                raise ValueError(f"link {target}: {source!r} is not an axis (axes: {', '.join(self.axes)})")
+            if target in self.axes:
+                raise ValueError(f"link {target}: it is an axis itself; a linked path takes its values from "
+                                 "the axis it follows")
+        return self
+
+    def configs(self, bases: list[Config]) -> list[Config]:
+        """A configuration per point (crossed with each of `bases`, when the playbook has configs)."""
+        out = []
+        for base in bases or [Config.model_construct(name="")]:
+            for point in matrix.points(self.axes, exclude=self.exclude, include=self.include, link=self.link):
+                parts: dict[str, dict[str, Any]] = {"args": dict(base.args), "env": dict(base.env),
+                                                    "benchmark": dict(base.benchmark)}
+                for path, value in point.items():
+                    section, name = matrix.split(path)
+                    parts[section][name] = value
+                named = {k: v for k, v in point.items() if k not in self.link}   # a linked value says nothing new
+                name = "_".join(n for n in (base.name, matrix.point_name(named)) if n)
+                out.append(Config.model_validate({"name": name, **parts, "description": base.description})
+                           .written_at(("matrix",)))
+        return out
+
+
+def _check_path(path: str) -> None:
+    section, name = matrix.split(path)
+    if section == "args" and not FLAG_NAME.match(name):
+        raise ValueError(f"{path!r}: {name!r} is not a valid flag name")
+    if section == "env" and not ENV_NAME.match(name):
+        raise ValueError(f"{path!r}: {name!r} is not a valid environment variable name")
+    if section == "benchmark" and name not in Benchmark.model_fields:
+        raise ValueError(f"{path!r}: the benchmark has no field {name!r} (fields: "
+                         f"{', '.join(Benchmark.model_fields)})")
+
+
 class Playbook(Strict):
     name: str = Field(description="the sweep's name; sweep ids begin with it (letters, digits, '.', '_', '-')",
                       pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -176,7 +272,9 @@ class Playbook(Strict):
                                  "templates/<engine>.sh.j2 beside the playbook")
     model: ModelSpec
     server: Server = Field(default_factory=Server)
-    configs: list[Config] = Field(min_length=1)
+    configs: list[Config] = Field(default_factory=list, description="named configurations (or `matrix:`, or both: "
+                                  "every configuration crossed with every point)")
+    matrix: Matrix | None = Field(None, description="configurations as a product of axes")
     benchmark: Benchmark = Field(default_factory=Benchmark)
     profile: Profile = Field(default_factory=Profile)
     repeat: int = Field(1, ge=1)
@@ -194,7 +292,12 @@ class Playbook(Strict):
         for name in names:
             if names.count(name) > 1:
                 raise ValueError(f"configuration name {name!r} appears twice")
-        return configs
+        return [c.written_at(("configs", i)) for i, c in enumerate(configs)]
+
+    @cached_property
+    def all_configs(self) -> list[Config]:
+        """What runs: the configurations as written, or the matrix's points (crossed with them)."""
+        return self.matrix.configs(self.configs) if self.matrix else list(self.configs)
 
     @field_validator("engine")
     @classmethod
@@ -209,6 +312,22 @@ class Playbook(Strict):
         if v is not None and v not in engines.imitable():
             raise ValueError(f"the simulator imitates {', '.join(engines.imitable())}, not {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _some_configs(self):
+        if not self.configs and self.matrix is None:
+            raise ValueError("a playbook needs `configs:` (a list of named configurations) or `matrix:`")
+        try:
+            names = [c.name for c in self.all_configs]
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise ValueError(f"matrix: a point makes a configuration that is not valid: "
+                             f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice:
+            raise ValueError(f"the matrix makes the configuration {twice!r} twice (an include repeats a point, or "
+                             "values that differ only in characters a name cannot hold)")
+        return self
 
     @model_validator(mode="after")
     def _engine_needs(self):

@@ -12,9 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.inventory import Host
-from harness.errors import Kind, RemoteError, RunFailed
+from harness.errors import Kind, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
+from harness.results.layout import HostRunLayout, RunLayout
+from harness.results.models import Collected
 from harness.transport.base import Result, Transport
+
+
+@dataclass
+class Findings:
+    """What the stages of one run found, each field set by the one stage named beside it; the manifest
+    is built from it (`harness.lifecycle.run.build_manifest`), and nothing else passes between stages."""
+    attempt: int = 1
+    probe: dict[str, Any] | None = None          # preflight: the agent's probe of the host
+    server_pid: int | None = None                # launch
+    log_tail: str | None = None                  # health: the end of the log of a server that died starting
+    prompt_file: str | None = None               # bench (uploaded once, reused by profile)
+    bench_stderr: str = ""                       # bench: what the client said
+    profile: dict[str, Any] | None = None        # profile: the agent's answer
+    teardown: dict[str, Any] | None = None       # teardown
+    collected: Collected | None = None           # collect
+    warnings: list[str] = field(default_factory=list)   # any stage: what went wrong without failing the run
 
 
 @dataclass
@@ -24,16 +42,21 @@ class RunContext:
     host: Host
     transport: Transport
     rendered: Rendered
-    local_dir: Path
+    layout: RunLayout                            # the run's folder here
     tools_dir: str                               # where agent.py and bench.py live on the host
     lease_s: float = 60.0                        # the watchdog stops the server when not renewed this long
     on_phase: Callable[[str], None] = lambda phase: None
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    record: dict[str, Any] = field(default_factory=dict)   # what stages add to the manifest
+    found: Findings = field(default_factory=Findings)
 
     @property
-    def paths(self):
+    def paths(self) -> HostRunLayout:
+        """The run's folder on its host."""
         return self.rendered.paths
+
+    @property
+    def local_dir(self) -> Path:
+        return self.layout.dir
 
     @property
     def venv(self) -> str:
@@ -63,11 +86,7 @@ class RunContext:
             self.phases[name] = {"seconds": round(time.monotonic() - start, 3)}
 
     def sh(self, command: str, *, timeout: float, check: bool = True, stdin: bytes | None = None) -> Result:
-        try:
-            return self.transport.run(command, timeout=timeout, check=check, stdin=stdin)
-        except RemoteError as e:
-            e.run_id = self.run.run_id
-            raise
+        return self.transport.run(command, timeout=timeout, check=check, stdin=stdin)
 
     def in_venv(self, command: str) -> str:
         """A command run with the host's venv activated (the GLM-5 campaign's ModuleNotFoundError came from not)."""

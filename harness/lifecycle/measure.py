@@ -22,16 +22,16 @@ def prompt_file(ctx: RunContext) -> str:
     prompt of hundreds of KB (the kernel's limit is 128 KiB a word), and one starting with `-` would
     be read as an option."""
     path = f"{ctx.paths.root}/prompt.txt"
-    if not ctx.record.get("prompt_file"):
-        prompt = ctx.sweep.playbook.benchmark.prompt
+    if not ctx.found.prompt_file:
+        prompt = ctx.run.benchmark.prompt
         assert prompt is not None  # called only for a playbook that gives one
         ctx.transport.put(prompt.encode("utf-8"), path, mode=0o600)
-        ctx.record["prompt_file"] = path
+        ctx.found.prompt_file = path
     return path
 
 
 def bench(ctx: RunContext) -> None:
-    b, q = ctx.sweep.playbook.benchmark, shlex.quote
+    b, q = ctx.run.benchmark, shlex.quote
     words = ["--url", ctx.base_url, "--model", ctx.sweep.playbook.model.name, "--api", b.api,
              "--concurrency", ",".join(map(str, b.concurrency)), "--warmup", b.warmup,
              "--max-tokens", b.max_tokens, "--timeout", b.timeout_s, "--out", ctx.paths.bench_json]
@@ -64,29 +64,29 @@ def bench(ctx: RunContext) -> None:
     if result.exit_code != 0:
         raise ctx.fail("bench", f"the benchmark client failed (exit {result.exit_code})",
                        output=result.stderr or result.stdout)
-    ctx.record["bench_stderr"] = result.stderr[-4000:]
+    ctx.found.bench_stderr = result.stderr[-4000:]
 
 
 def profile(ctx: RunContext) -> dict:
     """Capture a trace from every rank; a refusal is recorded, never a run failure (the benchmark stands)."""
-    pb = ctx.sweep.playbook
+    pb, b = ctx.sweep.playbook, ctx.run.benchmark
     p, engine = pb.profile, ctx.sweep.engine
     args: list[str | int | float] = [
         "profile", "--url", ctx.base_url, "--model", pb.model.name, "--dir", ctx.paths.profile_dir,
         "--num-steps", p.num_steps, "--concurrency", p.concurrency, "--timeout", p.timeout_s,
-        "--max-tokens", max(pb.benchmark.max_tokens, 4 * p.num_steps)]
+        "--max-tokens", max(b.max_tokens, 4 * p.num_steps)]
     if p.mode != "torch":   # torch: the window of the harness's own wrapper, whatever the engine
         capture = engine.capture(CaptureSettings(ctx.paths.profile_dir, p.num_steps, p.start_step,
                                                  nsys=p.mode == "nsys"))
         assert capture is not None and engine.traces is not None  # the playbook checked profile_modes
         spec = capture | {"ranks": engine.ranks(ctx.rendered.args), "naming": asdict(engine.traces)}
         args += ["--spec", json.dumps(spec, separators=(",", ":"))]
-    if pb.benchmark.prompt:
+    if b.prompt:
         args += ["--prompt-file", prompt_file(ctx)]
-    if not pb.benchmark.ignore_eos:
+    if not b.ignore_eos:
         args.append("--no-ignore-eos")
-    if pb.benchmark.extra_body:
-        args += ["--extra-body", json.dumps(pb.benchmark.extra_body)]
+    if b.extra_body:
+        args += ["--extra-body", json.dumps(b.extra_body)]
     answer = ctx.agent(*args, timeout=p.timeout_s + 120)
     answer["num_steps"] = p.num_steps
     answer["mode"] = p.mode

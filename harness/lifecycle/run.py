@@ -1,9 +1,11 @@
 """One run, start to finish: preflight, launch, health, bench, profile, teardown (always), collect, analyze.
 
-Each stage is a function of the RunContext; this module only sequences them, times them, and turns
-what happened into the manifest. Teardown runs whatever happened before it; collect runs after
-teardown (so server.log is complete and nsys has written its report) and even for a failed run, whose
-log is the first thing a person wants to read.
+Each stage is a function of the RunContext that returns what it found into `ctx.found` (a typed
+record, one field a stage); this module only sequences them and times them, and `build_manifest`
+turns what they found into the manifest without touching a file. Teardown runs whatever happened
+before it; collect runs after teardown (so server.log is complete and nsys has written its report) and
+even for a failed run, whose log is the first thing a person wants to read. The analysis of the traces
+runs last, apart (`analyze`): the executor runs it once the host is free for its next run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import shlex
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +25,25 @@ from harness.lifecycle.context import RunContext
 from harness.lifecycle.measure import bench, profile
 from harness.lifecycle.preflight import preflight
 from harness.lifecycle.server import launch, teardown, wait_healthy
-from harness.plan import SECRETS_FILE
+from harness.plan import RunSpec, Sweep
 from harness.render import BUILTIN_TEMPLATES
-from harness.results import atomic_write, write_json
+from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomic_write, write_json, write_model
+from harness.results.models import AnalysisRef, Collected
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
 LOCAL_RESERVE = 256 * 2**20   # never fill the local disk to the last byte: the journal must still fit
 
 
-def execute(ctx: RunContext) -> dict:
-    """Run every stage; return the manifest (also written to the run directory)."""
+def execute(ctx: RunContext) -> RunManifest:
+    """Run every stage, collect, and write the manifest. The profile's analysis (CPU work here) is
+    left to `analyze`, so the host can start its next run meanwhile."""
     started = time.time()
     error: HarnessError | None = None
-    profile_record: dict | None = None
     pb = ctx.sweep.playbook
-    atomic_write(ctx.local_dir / "launch.sh", ctx.rendered.script)
+    atomic_write(ctx.layout.launch, ctx.rendered.script)
     try:
         with ctx.phase("preflight"):
-            ctx.record["probe"] = preflight(ctx)
+            ctx.found.probe = preflight(ctx)
         launched = False
         try:
             with ctx.phase("launch"):
@@ -51,7 +55,7 @@ def execute(ctx: RunContext) -> dict:
                 bench(ctx)
             if pb.profile.mode != "none":
                 with ctx.phase("profile"):
-                    profile_record = profile(ctx)
+                    ctx.found.profile = profile(ctx)
         finally:
             if launched:
                 _teardown(ctx)
@@ -61,7 +65,36 @@ def execute(ctx: RunContext) -> dict:
         error = _collect(ctx, error)
     if error is None:
         _clean_up(ctx)
-    return _manifest(ctx, error, profile_record, started)
+    manifest = build_manifest(ctx, error, read_back(ctx), started=started, finished=time.time())
+    write_model(ctx.layout.manifest, manifest)
+    return manifest
+
+
+def needs_analysis(manifest: RunManifest) -> bool:
+    """Whether traces came back that have no analysis yet."""
+    profile = manifest.profile
+    return (profile is not None and profile.status != "failed" and bool(profile.files) and profile.analysis is None
+            and manifest.collected.files > 0)
+
+
+def analyze(layout: RunLayout, manifest: RunManifest) -> RunManifest:
+    """analysis.json of the traces brought back, its summary in the manifest (written again). The steps
+    asked of the profiler stand in only when the traces mark no steps themselves: an engine may run
+    more steps than asked (vLLM 0.26 ran 318 for 10) or count only the steps with work (SGLang)."""
+    from harness.analysis import analyze_path  # heavy-ish; only runs with traces
+    if manifest.profile is None or not needs_analysis(manifest):
+        return manifest
+    try:
+        analysis = analyze_path(layout.profile, requested_steps=manifest.profile.num_steps)
+        write_json(layout.analysis, analysis)
+        ref = AnalysisRef(file=layout.analysis.name, total_gpu_ms=analysis.get("total_gpu_ms"),
+                          steps=analysis.get("steps"), steps_source=analysis.get("steps_source"),
+                          per_step_ms=analysis.get("per_step_ms"))
+    except HarnessError as e:
+        ref = AnalysisRef(error=str(e))
+    updated = manifest.model_copy(update={"profile": manifest.profile.model_copy(update={"analysis": ref})})
+    write_model(layout.manifest, updated)
+    return updated
 
 
 def _clean_up(ctx: RunContext) -> None:
@@ -70,15 +103,15 @@ def _clean_up(ctx: RunContext) -> None:
     try:
         ctx.sh(f"rm -rf {shlex.quote(ctx.paths.root)}", timeout=300, check=False)
     except HarnessError as e:
-        ctx.record.setdefault("warnings", []).append(f"cleaning up on the host: {e}")
+        ctx.found.warnings.append(f"cleaning up on the host: {e}")
 
 
 def _teardown(ctx: RunContext) -> None:
     try:
         with ctx.phase("teardown"):
-            ctx.record["teardown"] = teardown(ctx)
+            ctx.found.teardown = teardown(ctx)
     except HarnessError as e:  # never hide the error that brought us here; record this one
-        ctx.record.setdefault("warnings", []).append(f"teardown: {e}")
+        ctx.found.warnings.append(f"teardown: {e}")
 
 
 def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None:
@@ -86,10 +119,10 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
     try:
         with ctx.phase("collect"):
             _room_for(ctx)
-            pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600, exclude=(SECRETS_FILE,),
+            pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600, exclude=(RunFiles.SECRETS,),
                                         max_bytes=int(max_mb * 1e6) if max_mb else None)
-        ctx.record["collected"] = {"files": pulled.files, "bytes": pulled.bytes, "sha256": pulled.sha256,
-                                   "skipped": list(pulled.skipped)}
+        ctx.found.collected = Collected(files=pulled.files, bytes=pulled.bytes, sha256=pulled.sha256,
+                                        skipped=list(pulled.skipped))
         _redact_texts(ctx)
     except HarnessError as e:
         if error is None:   # whatever broke the pull (a timeout, a lost link), the run failed collecting
@@ -99,7 +132,7 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
                                  output=getattr(e, "output", ""))
             failed.__cause__ = e
             return failed
-        ctx.record.setdefault("warnings", []).append(f"collect: {e}")
+        ctx.found.warnings.append(f"collect: {e}")
     return error
 
 
@@ -128,26 +161,9 @@ def _room_for(ctx: RunContext) -> None:
                        "profile.max_mb")
 
 
-def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
-    """analysis.json of the traces brought back. The steps asked of the profiler stand in only when
-    the traces mark no steps themselves: an engine may run more steps than asked (vLLM 0.26 ran 318
-    for 10) or count only the steps with work (SGLang)."""
-    from harness.analysis import analyze_path  # heavy-ish; only runs with traces
-    if not profile_record or not profile_record.get("files"):
-        return None
-    try:
-        analysis = analyze_path(local_dir / "profile", requested_steps=profile_record.get("num_steps"))
-    except HarnessError as e:
-        return {"error": str(e)}
-    write_json(local_dir / "analysis.json", analysis)
-    return {"file": "analysis.json", "total_gpu_ms": analysis.get("total_gpu_ms"),
-            "steps": analysis.get("steps"), "steps_source": analysis.get("steps_source"),
-            "per_step_ms": analysis.get("per_step_ms")}
-
-
-def _nsys_reports(local_dir: Path, record: dict) -> dict:
+def _nsys_reports(layout: RunLayout, record: dict) -> dict:
     """Under nsys the report appears when the server exits: look for it in what was collected."""
-    reports = sorted(p for p in (local_dir / "profile").glob("*") if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"))
+    reports = sorted(p for p in layout.profile.glob("*") if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"))
     files: list[dict[str, Any]] = [{"name": p.name, "bytes": p.stat().st_size} for p in reports]
     if any(p.suffix != ".qdstrm" for p in reports):
         return record | {"status": "ok", "files": files, "bytes": sum(f["bytes"] for f in files)}
@@ -171,31 +187,44 @@ def template_record(template: Path) -> dict:
 def resolved_playbook(ctx: RunContext) -> dict:
     """A playbook of this one run: what `harness reproduce` runs again (secrets show as ***)."""
     sweep = ctx.sweep
-    pb = sweep.playbook.model_dump(mode="json", exclude={"configs", "repeat", "placement", "template"})
+    pb = sweep.playbook.model_dump(mode="json", exclude={"configs", "matrix", "repeat", "placement", "template"})
     config = ctx.run.config.model_dump(mode="json")
     pb["server"]["env"] = sweep.redactor.env(pb["server"]["env"], sweep.secret_names)
     config["env"] = sweep.redactor.env(config["env"], sweep.secret_names)
     return pb | {"hosts": ctx.host.name, "configs": [config], "repeat": 1, "placement": "pool"}
 
 
-def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict | None,
-              started: float) -> dict:
-    sweep, redact = ctx.sweep, ctx.sweep.redactor
-    status = "failed" if error else "ok"
-    log_tail = ctx.record.get("log_tail")
-    if log_tail is None and (ctx.local_dir / "server.log").exists():
-        log_tail = tail((ctx.local_dir / "server.log").read_text(errors="replace"), 40)
-    profile_out = None
-    if profile_record is not None and profile_record.get("status") == "pending":
-        profile_record = _nsys_reports(ctx.local_dir, profile_record)
-    if profile_record is not None:
-        profile_out = {k: profile_record.get(k) for k in
-                       ("status", "mode", "files", "missing_ranks", "ranks_found", "expected_ranks", "num_steps", "dir",
-                        "bytes", "error", "hint", "answers", "seconds")}
-        if profile_record.get("status") != "failed":
-            profile_out["analysis"] = _analyze(ctx.local_dir, profile_record)
-    manifest = {
-        "schema": "harness.run/1",
+@dataclass(frozen=True)
+class FromFiles:
+    """What the files brought back say, read once: the inputs of the manifest that are not in memory."""
+    log_tail: str | None
+    facts: dict[str, Any]
+    template: dict[str, Any]
+    profile: dict[str, Any] | None      # the profile's record, nsys's report looked for
+
+
+def read_back(ctx: RunContext) -> FromFiles:
+    log_tail = ctx.found.log_tail
+    if log_tail is None and ctx.layout.server_log.exists():
+        log_tail = tail(ctx.layout.server_log.read_text(errors="replace"), 40)
+    record = ctx.found.profile
+    if record is not None and record.get("status") == "pending":
+        record = _nsys_reports(ctx.layout, record)
+    return FromFiles(log_tail, parse_facts(facts_for(ctx.sweep.engine), ctx.layout.facts),
+                     template_record(ctx.sweep.template), record)
+
+
+PROFILE_FIELDS = ("status", "mode", "files", "missing_ranks", "ranks_found", "expected_ranks", "num_steps", "dir",
+                  "bytes", "error", "hint", "answers", "seconds")
+"""What the manifest keeps of the agent's answer to `profile`."""
+
+
+def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles, *, started: float,
+                   finished: float) -> RunManifest:
+    """The manifest of a run from what its stages found and its files said; reads and writes nothing."""
+    sweep, redact, found = ctx.sweep, ctx.sweep.redactor, ctx.found
+    profile = files.profile
+    return RunManifest.model_validate(redact.data({
         "run_id": ctx.run.run_id,
         "sweep_id": sweep.sweep_id,
         "config": {"name": ctx.run.config.name, "description": ctx.run.config.description,
@@ -208,26 +237,33 @@ def _manifest(ctx: RunContext, error: HarnessError | None, profile_record: dict 
         "model": sweep.playbook.model.model_dump(),
         "gpus_used": sweep.engine.ranks(ctx.rendered.args),
         "port": ctx.rendered.port,
-        "template": template_record(sweep.template),
+        "template": files.template,
         "playbook": resolved_playbook(ctx),
-        "benchmark": sweep.playbook.benchmark.model_dump(),
+        "benchmark": ctx.run.benchmark.model_dump(),
         "profile_settings": sweep.playbook.profile.model_dump(),
-        "status": status,
+        "status": "failed" if error else "ok",
         "error": ({"kind": error.kind, "message": str(error),
                    "detail": error.detail() if isinstance(error, RemoteError) else str(error),
-                   "log_tail": log_tail} if error else None),
-        "attempts": ctx.record.get("attempts", 1),
+                   "log_tail": files.log_tail} if error else None),
+        "attempts": found.attempt,
         "phases": ctx.phases,
-        "collected": ctx.record.get("collected", {"files": 0, "bytes": 0}),
-        "profile": profile_out,
-        "facts": parse_facts(facts_for(sweep.engine), ctx.local_dir / "facts"),
-        "probe": ctx.record.get("probe"),
-        "teardown": ctx.record.get("teardown"),
-        "warnings": ctx.record.get("warnings", []),
+        "collected": found.collected.model_dump() if found.collected else {"files": 0, "bytes": 0},
+        "profile": {k: profile.get(k) for k in PROFILE_FIELDS} if profile is not None else None,
+        "facts": files.facts,
+        "probe": found.probe,
+        "teardown": found.teardown,
+        "warnings": found.warnings,
         "started": started,
-        "finished": time.time(),
+        "finished": finished,
         "harness_version": harness.__version__,
-    }
-    manifest = redact.data(manifest)
-    write_json(ctx.local_dir / "manifest.json", manifest)
-    return manifest
+    }))
+
+
+def unrun_manifest(sweep: Sweep, spec: RunSpec, host: str, status: str, error: ErrorRecord | None,
+                   **fields: Any) -> RunManifest:
+    """The manifest of a run that did not get far enough to write its own: skipped (a deadline,
+    --fail-fast), failed before it started (no host could take it), or ended by the harness's own bug."""
+    return RunManifest.model_validate({
+        "run_id": spec.run_id, "sweep_id": sweep.sweep_id, "config": {"name": spec.config.name},
+        "host": {"name": host}, "engine": sweep.engine.name, "status": status, "error": error,
+        "harness_version": harness.__version__, **fields})

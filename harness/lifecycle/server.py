@@ -45,7 +45,7 @@ def launch(ctx: RunContext) -> int:
         raise ctx.fail("launch", f"the launch wrapper on {ctx.host.name} wrote no server pid within 5 s "
                        f"(is {paths.root} writable, and bash and setsid there?)", output=out[-2000:])
     pid = int(words[0])
-    ctx.record["server_pid"] = pid
+    ctx.found.server_pid = pid
     return pid
 
 
@@ -60,7 +60,7 @@ def wait_healthy(ctx: RunContext) -> float:
     if answer["status"] == "healthy":
         return answer["seconds"]
     log = answer.get("log_tail", "")
-    ctx.record["log_tail"] = log
+    ctx.found.log_tail = log
     if answer["status"] == "died":
         code = answer.get("exit_code")
         if OOM.search(log):
@@ -90,7 +90,7 @@ def stop_command(ctx: RunContext) -> str:
     """Kill the server's process group, wait for the port to close, remove the secrets file."""
     # nsys writes its report after the server gets SIGTERM: give it time before SIGKILL
     grace = 240 if ctx.sweep.playbook.profile.mode == "nsys" else 30
-    devices = ((ctx.record.get("probe") or {}).get("gpus") or {}).get("devices") or []
+    devices = ((ctx.found.probe or {}).get("gpus") or {}).get("devices") or []
     baseline = ",".join(str(d["memory_used_mib"]) for d in devices)
     return (ctx.agent_command("stop", "--pid-file", ctx.paths.pid_file, "--port", ctx.rendered.port,
                               "--bind", ctx.server_address, "--timeout", grace, "--gpu-baseline", baseline)
@@ -101,9 +101,9 @@ def teardown(ctx: RunContext) -> dict:
     answer = ctx.parse_agent("stop", ctx.sh(stop_command(ctx), timeout=600, check=False))
     if not answer.get("port_closed", True):
         holders = answer.get("port_holders")
-        ctx.record.setdefault("warnings", []).append(f"port {ctx.rendered.port} still open after teardown: {holders}")
+        ctx.found.warnings.append(f"port {ctx.rendered.port} still open after teardown: {holders}")
     if answer.get("gpu_released") is False:
-        ctx.record.setdefault("warnings", []).append(
+        ctx.found.warnings.append(
             f"GPU memory not released after teardown: {answer['gpu_memory_used_mib']} MiB in use, "
             f"{answer['gpu_memory_before_mib']} before the launch")
     return answer

@@ -16,6 +16,7 @@ import io
 import json
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
@@ -25,21 +26,32 @@ from rich.text import Text
 
 from harness.analysis.roofline import format_efficiency, roofline_for
 from harness.errors import InputError
-from harness.report.analysis_view import decode_scope, short_name
+from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
-from harness.results import find_sweeps, load_runs, read_json
+from harness.results import BenchLevel, RunManifest, RunResult, find_sweeps, load_runs
+from harness.results.models import DISTRIBUTIONS
 
 METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
            ("itl_ms", "p99", "ITL\np99 ms"), ("tpot_ms", "p50", "TPOT\np50 ms")]
 """The statistics csv and markdown show (the terminal table all but TPOT, to fit 80 columns); rows carry
 all of DISTRIBUTIONS x STATS."""
-DISTRIBUTIONS = ("ttft_ms", "itl_ms", "itl_token_ms", "tpot_ms", "e2e_ms")
 STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 FIELDS = (["config", "concurrency", "runs", "ok", "completed", "failed"] + [f"{m}_{q}" for m, q, _ in METRICS]
           + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "theoretical_ms", "efficiency", "baseline",
              "itl_vs_baseline", "tok_s_vs_baseline", "misses", "error"])
 """The columns of csv and markdown, in order (json has every field of a row)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One run at one level (level None: the run has no benchmark), as compare pools them."""
+    run: RunResult
+    level: BenchLevel | None
+
+    @property
+    def manifest(self) -> RunManifest:
+        return self.run.manifest
 
 
 def collect(paths: list[Path], *, baseline: str | None = None) -> list[dict]:
@@ -49,20 +61,14 @@ def collect(paths: list[Path], *, baseline: str | None = None) -> list[dict]:
     if not sweeps:
         raise InputError("no sweep results here (expected sweep.json or runs/*/manifest.json)",
                          file=", ".join(map(str, paths)))
-    groups: dict[tuple[str, int | None], list[tuple[dict, dict | None]]] = {}
-    order: list[tuple[str, int | None]] = []
+    groups: dict[tuple[str, int | None], list[Sample]] = {}
     for sweep_dir in sweeps:
-        for manifest, bench in load_runs(sweep_dir):
-            bench = bench or {}
-            levels = bench.get("levels") or [None]
+        for run in load_runs(sweep_dir):
+            levels: list[BenchLevel | None] = [*run.levels] or [None]
             for level in levels:
-                key = (manifest["config"]["name"], level and level["concurrency"])
-                if key not in groups:
-                    order.append(key)
-                if level is not None:  # the roofline needs the prompt length, which bench.json keeps once
-                    level = level | {"prompt_tokens": bench.get("prompt_tokens")}
-                groups.setdefault(key, []).append((manifest | {"_dir": str(sweep_dir)}, level))
-    rows = [_row(name, conc, groups[(name, conc)]) for name, conc in order]
+                key = (run.manifest.config.name, level.concurrency if level else None)
+                groups.setdefault(key, []).append(Sample(run, level))
+    rows = [_row(name, conc, samples) for (name, conc), samples in groups.items()]
     _deltas(rows, baseline)
     misses = check_references(rows, references_of(sweeps))
     for row in rows:
@@ -71,28 +77,30 @@ def collect(paths: list[Path], *, baseline: str | None = None) -> list[dict]:
     return rows
 
 
-def _row(config: str, concurrency: int | None, runs: list[tuple[dict, dict | None]]) -> dict:
-    ok = [(m, lv) for m, lv in runs if m["status"] == "ok" and lv]
+def _row(config: str, concurrency: int | None, runs: list[Sample]) -> dict:
+    ok = [s for s in runs if s.manifest.ok and s.level]
+    levels = [s.level for s in ok if s.level]
     row: dict = {"config": config, "concurrency": concurrency, "runs": len(runs), "ok": len(ok),
-                 "hosts": sorted({m["host"].get("name") for m, _ in runs if m.get("host")})}
-    failed = [m for m, _ in runs if m["status"] != "ok"]
-    err = (failed[0].get("error") or {}) if failed else None
-    row["error"] = err and f"{err.get('kind')}: {err.get('message', '')}".strip()
-    row["completed"] = sum(lv.get("completed") or 0 for _, lv in runs if lv)
-    row["failed"] = sum(lv.get("failed") or 0 for _, lv in runs if lv)
+                 "hosts": sorted({s.manifest.host.name for s in runs if s.manifest.host.name})}
+    failed = [s.manifest for s in runs if not s.manifest.ok]
+    err = failed[0].error if failed else None
+    row["error"] = err.line() if err else None
+    row["completed"] = sum(s.level.completed for s in runs if s.level)
+    row["failed"] = sum(s.level.failed for s in runs if s.level)
     for metric in DISTRIBUTIONS:
         for q in STATS:
-            row[f"{metric}_{q}"] = _median([(lv.get(metric) or {}).get(q) for _, lv in ok])
+            row[f"{metric}_{q}"] = _median([lv.stat(metric, q) for lv in levels])
     for metric in ("output_tok_s", "requests_per_s", "tokens_per_chunk"):
-        row[metric] = _median([lv.get(metric) for _, lv in ok])
-    roof = roofline_for(*(ok or runs)[0])
+        row[metric] = _median([getattr(lv, metric) for lv in levels])
+    first = (ok or runs)[0]
+    roof = roofline_for(first.manifest, first.level, first.run.bench.prompt_tokens if first.run.bench else None)
     row["theoretical_ms"] = roof and roof["theoretical_ms"]
     row["theoretical_tok_s"] = roof and roof["theoretical_tok_s"]
     row["efficiency"] = roof["theoretical_ms"] / row["itl_ms_p50"] if roof and row["itl_ms_p50"] else None
     row["roofline"] = roof and {k: roof[k] for k in ("gpu", "bandwidth_gbs", "bandwidth_source", "gpus",
                                                      "context_tokens", "weight_bytes", "kv_bytes")}
     row["analysis"] = _analysis(ok or runs)
-    row["profile_warning"] = next((w for m, _ in runs if (w := profile_warning(m))), None)
+    row["profile_warning"] = next((w for s in runs if (w := profile_warning(s.manifest))), None)
     return row
 
 
@@ -115,20 +123,15 @@ def _change(value: float | None, ref: float | None) -> float | None:
     return None if value is None or not ref else (value - ref) / ref
 
 
-def _analysis(runs: Sequence[tuple[dict, dict | None]]) -> dict | None:
-    for manifest, _ in runs:
-        path = Path(manifest["_dir"]) / "runs" / manifest["run_id"] / "analysis.json"
-        if path.exists():
-            try:
-                a = read_json(path)
-            except (OSError, json.JSONDecodeError):
-                continue
-            if not a.get("top"):
-                continue  # a trace with no GPU kernels (a CPU run): nothing to rank
-            scope, stage = decode_scope(a)
-            return {"stage": stage or None, "categories": scope.get("categories") or {}, "top": scope["top"][:3],
-                    "shares": {k["name"]: k["share"] for k in scope["top"]},
-                    "per_step_ms": a.get("per_step_ms")}
+def _analysis(runs: Sequence[Sample]) -> dict | None:
+    for sample in runs:
+        a = sample.run.analysis
+        if a is None or not a.top:
+            continue  # not profiled, or a trace with no GPU kernels (a CPU run): nothing to rank
+        scope, stage = a.decode_scope()
+        return {"stage": stage or None, "categories": scope.categories,
+                "top": [k.model_dump(exclude_none=True) for k in scope.top[:3]],
+                "shares": {k.name: k.share for k in scope.top}, "per_step_ms": a.per_step_ms}
     return None
 
 

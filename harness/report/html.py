@@ -21,7 +21,7 @@ from harness.errors import tail
 from harness.report import plots
 from harness.report.analysis_view import short_name
 from harness.report.compare import collect
-from harness.results import atomic_write, find_sweeps, load_runs
+from harness.results import RunResult, atomic_write, find_sweeps, load_runs
 
 TEMPLATES = Path(__file__).parent / "templates"
 QUANTILES = ("p1", "p25", "p50", "p75", "p99")
@@ -31,7 +31,7 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
     """The report of every sweep under `paths`, as HTML text."""
     rows = collect(paths, baseline=baseline)
     sweeps = [s for p in paths for s in find_sweeps(p)]
-    runs = [(sweep_dir, m, b) for sweep_dir in sweeps for m, b in load_runs(sweep_dir)]
+    runs = [run for sweep_dir in sweeps for run in load_runs(sweep_dir)]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     colors = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(configs)}
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
@@ -42,8 +42,8 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         rows=rows, colors=colors, configs=_configs(runs),
         baseline=next((r["baseline"] for r in rows if r.get("baseline")), None),
-        counts={"runs": len(runs), "ok": sum(m["status"] == "ok" for _, m, _ in runs),
-                "failed": sum(m["status"] == "failed" for _, m, _ in runs),
+        counts={"runs": len(runs), "ok": sum(r.manifest.status == "ok" for r in runs),
+                "failed": sum(r.manifest.status == "failed" for r in runs),
                 "misses": sum(len(r["misses"]) for r in rows)},
         charts=_charts(rows, runs, colors), kernels=_kernels(rows), failures=_failures(runs), hosts=_hosts(runs, rows),
         roofline=_roofline_facts(runs, rows))
@@ -55,7 +55,7 @@ def write_report(paths: list[Path], output: Path, *, baseline: str | None = None
     return output
 
 
-def _charts(rows: list[dict], runs: list, colors: dict[str, str]) -> dict[str, Markup]:
+def _charts(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) -> dict[str, Markup]:
     charts = {}
     series: dict[str, list] = {}
     for r in rows:
@@ -92,13 +92,13 @@ def _kernels(rows: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def _distributions(runs: list, metric: str, order: list[str]) -> list[tuple[str, list[tuple[str, dict]]]]:
+def _distributions(runs: list[RunResult], metric: str, order: list[str]) -> list[tuple[str, list[tuple[str, dict]]]]:
     """Per concurrency level, per configuration: quantiles of every sample in requests.jsonl (ITL gaps
     pooled over requests and repeats; one TTFT a request)."""
     samples: dict[int, dict[str, list[float]]] = {}
-    for sweep_dir, manifest, _ in runs:
-        path = sweep_dir / "runs" / manifest["run_id"] / "requests.jsonl"
-        if manifest["status"] != "ok" or not path.exists():
+    for run in runs:
+        path = run.layout.requests
+        if not run.manifest.ok or not path.exists():
             continue
         for line in path.read_text().splitlines():
             try:
@@ -108,7 +108,7 @@ def _distributions(runs: list, metric: str, order: list[str]) -> list[tuple[str,
             value = req.get(metric)
             if req.get("error") or value is None:
                 continue
-            bucket = samples.setdefault(req["concurrency"], {}).setdefault(manifest["config"]["name"], [])
+            bucket = samples.setdefault(req["concurrency"], {}).setdefault(run.manifest.config.name, [])
             bucket.extend(value if isinstance(value, list) else [value])
     groups = []
     for conc in sorted(samples):
@@ -125,35 +125,35 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     return {q: cuts[int(q[1:]) - 1] for q in QUANTILES}
 
 
-def _failures(runs: list) -> list[dict]:
+def _failures(runs: list[RunResult]) -> list[dict]:
     """Failed runs with their reason and the end of the server's log; failed profiles too (the run
     stands, but the breakdown is missing)."""
     out = []
-    for sweep_dir, m, _ in runs:
-        err = m.get("error") or {}
-        profile = m.get("profile") or {}
-        if m["status"] == "failed":
-            log_tail = err.get("log_tail")
-            log = sweep_dir / "runs" / m["run_id"] / "server.log"
-            if not log_tail and log.exists():
-                log_tail = tail(log.read_text(errors="replace"), 40)
-            out.append({"run_id": m["run_id"], "host": (m.get("host") or {}).get("name"),
-                        "kind": err.get("kind"), "message": err.get("message"), "log_tail": log_tail})
-        elif profile.get("status") == "failed":
-            out.append({"run_id": m["run_id"], "host": (m.get("host") or {}).get("name"),
-                        "kind": "profile", "message": profile.get("error"), "log_tail": profile.get("hint")})
+    for run in runs:
+        m = run.manifest
+        if m.status == "failed":
+            err = m.error
+            log_tail = err.log_tail if err else None
+            if not log_tail and run.layout.server_log.exists():
+                log_tail = tail(run.layout.server_log.read_text(errors="replace"), 40)
+            out.append({"run_id": m.run_id, "host": m.host.name, "kind": err and err.kind,
+                        "message": err and err.message, "log_tail": log_tail})
+        elif m.profile is not None and m.profile.status == "failed":
+            out.append({"run_id": m.run_id, "host": m.host.name, "kind": "profile",
+                        "message": m.profile.error, "log_tail": m.profile.hint})
     return out
 
 
-def _hosts(runs: list, rows: list[dict]) -> list[dict]:
+def _hosts(runs: list[RunResult], rows: list[dict]) -> list[dict]:
     """What each host was, from the facts its first run recorded."""
     seen: dict[str, dict] = {}
-    for _, m, _ in runs:
-        host = m.get("host") or {}
-        name = host.get("name") or "?"
-        if name in seen or not m.get("facts"):
+    for run in runs:
+        m = run.manifest
+        host = m.host.model_dump()
+        name = m.host.name or "?"
+        if name in seen or not m.facts:
             continue
-        facts = m["facts"]
+        facts = m.facts
         gpus = facts.get("gpus") or []
         names = list(dict.fromkeys(g.get("name") for g in gpus))
         gpu = ", ".join(f"{sum(g.get('name') == n for g in gpus)} x {n}" for n in names) if gpus else (
@@ -165,7 +165,7 @@ def _hosts(runs: list, rows: list[dict]) -> list[dict]:
             "driver": gpus[0].get("driver") if gpus else None,
             "CUDA": facts.get("cuda"),
             "bandwidth": f"{roof['bandwidth_gbs']:,.0f} GB/s per GPU ({roof['bandwidth_source']})" if roof else None,
-            "engine": f"{m.get('engine')} {facts.get('engine_version') or ''}".strip(),
+            "engine": f"{m.engine} {facts.get('engine_version') or ''}".strip(),
             "engine commit": (facts.get("engine_git") or {}).get("commit"),
             "python": facts.get("python"),
             "kernel": facts.get("kernel"),
@@ -175,25 +175,24 @@ def _hosts(runs: list, rows: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
-def _configs(runs: list) -> list[dict]:
+def _configs(runs: list[RunResult]) -> list[dict]:
     """Each configuration's description, flags and environment as its first run recorded them."""
     seen: dict[str, dict] = {}
-    for _, m, _ in runs:
-        c = m["config"]
-        seen.setdefault(c["name"], {"name": c["name"], "description": c.get("description"),
-                                    "args": c.get("args") or {}, "env": c.get("env") or {},
-                                    "gpus": m.get("gpus_used"), "engine": m.get("engine")})
+    for run in runs:
+        m, c = run.manifest, run.manifest.config
+        seen.setdefault(c.name, {"name": c.name, "description": c.description, "args": c.args, "env": c.env,
+                                 "gpus": m.gpus_used, "engine": m.engine})
     return list(seen.values())
 
 
-def _roofline_facts(runs: list, rows: list[dict]) -> dict | None:
+def _roofline_facts(runs: list[RunResult], rows: list[dict]) -> dict | None:
     """The model facts and the figures behind the roofline column, or None when it has none."""
     roof = next((r["roofline"] for r in rows if r.get("roofline")), None)
     if roof is None:
         return None
-    model = next(m.get("model") or {} for _, m, _ in runs)
-    return {"model": model.get("served_name") or model.get("path"), "active_params_b": model["active_params_b"],
-            "bytes_per_weight": model["bytes_per_weight"], "kv_bytes_per_token": model.get("kv_bytes_per_token"),
+    model = next(r.manifest.model for r in runs if r.manifest.model is not None)
+    return {"model": model.served_name or model.path, "active_params_b": model.active_params_b,
+            "bytes_per_weight": model.bytes_per_weight, "kv_bytes_per_token": model.kv_bytes_per_token,
             "weight_gb": roof["weight_bytes"] / 1e9} | roof
 
 

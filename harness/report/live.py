@@ -17,18 +17,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
+from harness.results import RunManifest
 
-def profile_warning(manifest: dict) -> str | None:
+
+def profile_warning(manifest: RunManifest) -> str | None:
     """What to tell about a profile that is not `ok` (its benchmark stands): the engine's answer."""
-    profile = manifest.get("profile") or {}
-    if not profile or profile.get("status") in ("ok", None):
+    profile = manifest.profile
+    if profile is None or profile.status == "ok":
         return None
-    why = profile.get("error") or "no trace came back"
-    hint = f" ({profile['hint']})" if profile.get("hint") else ""
-    return f"profile {profile['status']}: {why}{hint}"
+    why = profile.error or "no trace came back"
+    hint = f" ({profile.hint})" if profile.hint else ""
+    return f"profile {profile.status}: {why}{hint}"
 
 
 class Display:
+    """The sweep's events on a terminal (a live table of hosts) or as plain lines (a log, a pipe)."""
+
     def __init__(self, console: Console | None):
         self.console = console
         self.live_mode = bool(console and console.is_terminal)
@@ -75,9 +79,10 @@ class Display:
         if not self.live_mode:
             self.log(f"[{host}] {run_id}: {phase}")
 
-    def progress(self, host: str, run_id: str, text: str) -> None:
+    def progress(self, host: str, run_id: str, tick: dict) -> None:
         """How far a phase has got (a benchmark level's requests): the phase's clock keeps running; a
         plain log gets a line only when the level or its tens of percent change."""
+        text = describe_tick(tick)
         with self.lock:
             _, _, since = self.hosts.get(host, (run_id, text, time.monotonic()))
             self.hosts[host] = (run_id, text, since)
@@ -86,21 +91,20 @@ class Display:
         if not self.live_mode and changed:
             self.log(f"[{host}] {run_id}: {text}")
 
-    def done(self, manifest: dict) -> None:
-        host = (manifest.get("host") or {}).get("name", "?")
-        seconds = sum(p.get("seconds", 0) for p in (manifest.get("phases") or {}).values())
+    def done(self, manifest: RunManifest) -> None:
+        host = manifest.host.name or "?"
+        seconds = sum(p.seconds for p in manifest.phases.values())
         with self.lock:
             self.done_count += 1
-            self.failed += manifest["status"] == "failed"
+            self.failed += manifest.status == "failed"
             if seconds:
                 self.durations.append(seconds)
             self.hosts[host] = ("", "idle", time.monotonic())
-        error = manifest.get("error") or {}
-        self.log(f"[{host}] {manifest['run_id']}: {manifest['status']} in {seconds:.0f} s"
-                 + (f" ({error.get('kind')}: {error.get('message')})" if error else ""))
+        self.log(f"[{host}] {manifest.run_id}: {manifest.status} in {seconds:.0f} s"
+                 + (f" ({manifest.error.line()})" if manifest.error else ""))
         warning = profile_warning(manifest)
         if warning:
-            self.log(f"[{host}] {manifest['run_id']}: warning: {warning}")
+            self.log(f"[{host}] {manifest.run_id}: warning: {warning}")
 
     def eta_s(self) -> float | None:
         left = self.total - self.done_count

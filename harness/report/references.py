@@ -15,7 +15,6 @@ results directory alone carries its references.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from harness.config.playbook import Reference, References
 from harness.errors import InputError
-from harness.results import find_sweeps, read_json
+from harness.results import SweepLayout, find_sweeps, read_sweep
 
 _ADAPTER = TypeAdapter(References)
 
@@ -67,12 +66,11 @@ def parse_references(data: dict | None, *, file: str | None = None) -> dict:
 def references_of(paths: list[Path]) -> dict:
     """The references recorded by every sweep under `paths`; a later sweep's word on a metric wins."""
     merged: dict[str, dict] = {}
-    for sweep_dir in (s for p in paths for s in find_sweeps(p)):
-        try:
-            recorded = (read_json(sweep_dir / "sweep.json").get("playbook") or {}).get("references")
-        except (OSError, json.JSONDecodeError):
+    for layout in (SweepLayout(s) for p in paths for s in find_sweeps(p)):
+        record = read_sweep(layout)
+        if record is None:
             continue
-        for config, metrics in parse_references(recorded, file=str(sweep_dir / "sweep.json")).items():
+        for config, metrics in parse_references(record.playbook.get("references"), file=str(layout.record)).items():
             merged.setdefault(config, {}).update(metrics)
     return merged
 

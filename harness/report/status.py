@@ -13,7 +13,7 @@ from rich.text import Text
 from harness.errors import InputError
 from harness.journal import read_journal
 from harness.lock import describe, holder
-from harness.results import find_sweeps, read_json
+from harness.results import SweepLayout, find_sweeps, read_sweep
 
 STYLE = {"ok": "green", "failed": "red", "running": "yellow", "retry": "yellow", "interrupted": "magenta",
          "skipped": "dim", "pending": "dim", "lost": "red"}
@@ -23,23 +23,25 @@ def sweep_status(path: Path) -> dict:
     sweeps = find_sweeps(path)
     if not sweeps:
         raise InputError("no sweep here (expected sweep.json and journal.jsonl)", file=str(path))
-    sweep_dir = max(sweeps, key=lambda d: (d / "sweep.json").stat().st_mtime if (d / "sweep.json").exists() else 0)
-    info = read_json(sweep_dir / "sweep.json") if (sweep_dir / "sweep.json").exists() else {}
-    runs: dict[str, dict] = {r["run_id"]: {"run_id": r["run_id"], "state": "pending", "config": r["config"]}
-                             for r in info.get("runs", [])}
-    for event in read_journal(sweep_dir / "journal.jsonl"):
-        run = runs.setdefault(event["run_id"], {"run_id": event["run_id"], "state": "pending"})
-        run["state"] = event["state"]
-        run["since"] = event["t"]
+    layouts = [SweepLayout(d) for d in sweeps]
+    sweep = max(layouts, key=lambda s: s.record.stat().st_mtime if s.record.exists() else 0)
+    info = read_sweep(sweep)
+    finished = info.finished if info else None
+    runs: dict[str, dict] = {r.run_id: {"run_id": r.run_id, "state": "pending", "config": r.config}
+                             for r in (info.runs if info else [])}
+    for event in read_journal(sweep.journal):
+        run = runs.setdefault(event.run_id, {"run_id": event.run_id, "state": "pending"})
+        run["state"] = event.state
+        run["since"] = event.t
         for key in ("host", "attempt", "error_kind", "reason"):
-            if event.get(key) is not None:
-                run[key] = event[key]
-        if event["state"] == "running":
-            run["started"] = event["t"]
-        if event["state"] in ("ok", "failed") and "started" in run:
-            run["seconds"] = event["t"] - run["started"]
-    running = holder(sweep_dir)
-    if info.get("finished") or running is None:  # no orchestrator hears back from these: they are lost
+            if getattr(event, key) is not None:
+                run[key] = getattr(event, key)
+        if event.state == "running":
+            run["started"] = event.t
+        if event.state in ("ok", "failed") and "started" in run:
+            run["seconds"] = event.t - run["started"]
+    running = holder(sweep.dir)
+    if finished or running is None:  # no orchestrator hears back from these: they are lost
         for run in runs.values():
             if run["state"] in ("running", "retry"):
                 run["state"] = "lost"
@@ -49,11 +51,11 @@ def sweep_status(path: Path) -> dict:
     durations = [r["seconds"] for r in runs.values() if "seconds" in r]
     left = sum(counts.get(s, 0) for s in ("pending", "running", "retry", "interrupted"))
     active = max(1, counts.get("running", 0))
-    eta = sum(durations) / len(durations) * left / active if durations and left and not info.get("finished") else None
-    return {"sweep_id": info.get("sweep_id", sweep_dir.name), "dir": str(sweep_dir), "started": info.get("started"),
-            "finished": info.get("finished"), "orchestrator": running, "counts": counts,
-            "runs": list(runs.values()), "eta_s": eta,
-            "state": "running" if running is not None else "finished" if info.get("finished") else "stopped"}
+    eta = sum(durations) / len(durations) * left / active if durations and left and not finished else None
+    return {"sweep_id": info.sweep_id if info else sweep.sweep_id, "dir": str(sweep.dir),
+            "started": info.started if info else None, "finished": finished, "orchestrator": running,
+            "counts": counts, "runs": list(runs.values()), "eta_s": eta,
+            "state": "running" if running is not None else "finished" if finished else "stopped"}
 
 
 def render(status: dict):

@@ -273,14 +273,14 @@ def test_case31_a_journal_line_on_a_full_disk_is_written_whole_or_not_at_all(sma
     f_size = filler.stat().st_size
     with pytest.raises(OSError):
         journal_.append("b-1", "failed", note="y" * 20000)
-    assert path.read_bytes().endswith(b"\n") and [e["run_id"] for e in read_journal(path)] == ["a-1"]
+    assert path.read_bytes().endswith(b"\n") and [e.run_id for e in read_journal(path)] == ["a-1"]
     filler.unlink()
     journal_.append("c-1", "ok")
-    assert [e["run_id"] for e in read_journal(path)] == ["a-1", "c-1"] and f_size > 0
+    assert [e.run_id for e in read_journal(path)] == ["a-1", "c-1"] and f_size > 0
     with open(path, "ab") as f:
         f.write(b'{"t": 1, "run_id": "d-1", "sta')   # a kill mid-write
     Journal(path).append("e-1", "ok")
-    assert [e["run_id"] for e in read_journal(path)] == ["a-1", "c-1", "e-1"]
+    assert [e.run_id for e in read_journal(path)] == ["a-1", "c-1", "e-1"]
 
 
 def test_case35_resuming_an_edited_playbook_is_refused_with_the_differences(tmp_path, ssh_inventory):

@@ -46,14 +46,14 @@ def test_an_unexpected_exception_fails_that_run_only_and_stops_its_server(tmp_pa
     monkeypatch.setattr(lifecycle_run, "bench", bench)
     outcome = Executor(load_sweep(playbook, inventory), tmp_path / "results").run()
 
-    by_config = {m["config"]["name"]: m for m in outcome.manifests}
+    by_config = {m.config.name: m for m in outcome.manifests}
     assert seen["listening"]                              # the server was up when the bug struck
     buggy, fine = by_config["buggy"], by_config["fine"]
-    assert (buggy["status"], buggy["error"]["kind"]) == ("failed", "internal")
-    assert "ZeroDivisionError: a bug of ours" in buggy["error"]["message"]
+    assert buggy.status == "failed" and buggy.error is not None and buggy.error.kind == "internal"
+    assert "ZeroDivisionError: a bug of ours" in buggy.error.message
     log = (outcome.sweep_dir / "runs" / "buggy-1" / "harness-error.log").read_text()
     assert "Traceback" in log and "a bug of ours" in log
-    assert fine["status"] == "ok"                         # the next run had the port, so nothing outlived it
+    assert fine.status == "ok"                         # the next run had the port, so nothing outlived it
     states = [json.loads(line) for line in (outcome.sweep_dir / "journal.jsonl").read_text().splitlines()]
     assert [s["state"] for s in states if s["run_id"] == "buggy-1"][-1] == "failed"
     assert outcome.failed == [buggy]

@@ -82,7 +82,8 @@ def test_the_results_directory_carries_the_references_its_sweep_recorded(tmp_pat
     pb, _ = load_playbook(playbook(tmp_path, {"tp8": {"itl_ms_p50": {8: [100, -0.1, 0.1]}}}))
     sweep = tmp_path / "results" / "p-1"
     (sweep / "runs").mkdir(parents=True)
-    (sweep / "sweep.json").write_text(json.dumps({"playbook": pb.model_dump(mode="json")}))
+    (sweep / "sweep.json").write_text(json.dumps({"schema": "harness.sweep/1", "sweep_id": "p-1",
+                                                "playbook": pb.model_dump(mode="json")}))
     refs = references_of([tmp_path / "results"])
     assert refs["tp8"]["itl_ms_p50"][8].value == 100  # JSON keys are text; the level is a number again
 

@@ -9,6 +9,7 @@ import pytest
 
 from harness.analysis.roofline import format_efficiency, gpu_bandwidth, roofline_for
 from harness.config.playbook import load_playbook
+from harness.results import BenchLevel, RunManifest
 
 REPO = Path(__file__).resolve().parents[2]
 GLM5 = {"path": "/models/GLM-5-NVFP4", "active_params_b": 40, "bytes_per_weight": 1.16,
@@ -17,16 +18,18 @@ GLM5 = {"path": "/models/GLM-5-NVFP4", "active_params_b": 40, "bytes_per_weight"
 
 def manifest(model=GLM5, *, gpus_used=8, host=None, smi_name="NVIDIA RTX PRO 6000 Blackwell Server Edition"):
     facts = {"gpus": [{"name": smi_name}] * 8} if smi_name else {"gpus": None}
-    return {"model": model, "gpus_used": gpus_used, "host": host or {"name": "blackwell-01"}, "facts": facts}
+    return RunManifest.model_validate({"run_id": "r-1", "sweep_id": "s", "config": {"name": "r"}, "status": "ok",
+                                       "model": model, "gpus_used": gpus_used,
+                                       "host": host or {"name": "blackwell-01"}, "facts": facts})
 
 
-def level(concurrency=1, itl_p50=97.0, prompt=16, output_per_request=50):
-    return {"concurrency": concurrency, "completed": 4, "output_tokens": 4 * output_per_request,
-            "prompt_tokens": prompt, "itl_ms": {"p50": itl_p50}}
+def level(concurrency=1, itl_p50=97.0, output_per_request=50):
+    return BenchLevel(concurrency=concurrency, completed=4, output_tokens=4 * output_per_request,
+                      itl_ms={"p50": itl_p50})
 
 
 def test_the_seeds_glm5_on_eight_blackwells_is_3_24_ms_and_97_ms_measured_reads_3_3_percent():
-    roof = roofline_for(manifest(), level(itl_p50=97.0))
+    roof = roofline_for(manifest(), level(itl_p50=97.0), 16)
     assert round(roof["theoretical_ms"], 2) == 3.24
     assert round(roof["theoretical_tok_s"]) == 309
     assert format_efficiency(roof["efficiency"]) == "3.3%"
@@ -80,7 +83,7 @@ def test_the_bound_splits_over_the_gpus_the_configuration_spans():
 def test_a_batch_shares_the_weights_but_reads_every_sequences_kv_cache():
     model = {"active_params_b": 1, "bytes_per_weight": 1, "kv_bytes_per_token": 1e6}
     roof = roofline_for(manifest(model, gpus_used=1, host={"name": "h", "gpu_bandwidth_gbs": 1000}),
-                        level(concurrency=8, itl_p50=10, prompt=100, output_per_request=50))
+                        level(concurrency=8, itl_p50=10, output_per_request=50), prompt_tokens=100)
     assert roof["context_tokens"] == 125  # prompt + half the output: the mean over the decode steps
     assert roof["kv_bytes"] == 8 * 1e6 * 125
     assert roof["theoretical_ms"] == pytest.approx((1e9 + 8 * 1e6 * 125) / 1e12 * 1e3)  # 2 ms a step

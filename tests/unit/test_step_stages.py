@@ -23,6 +23,7 @@ from harness.analysis import analyze_path, summary
 from harness.engines import StepSpans
 from harness.report import compare
 from harness.report.analysis_view import render_analysis
+from harness.results import RunLayout, RunManifest, RunResult
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -180,7 +181,8 @@ def test_the_views_show_the_decode_steps_and_say_so(tmp_path, analyzed):
     run = tmp_path / "runs" / "graphs-0001"
     run.mkdir(parents=True)
     (run / "analysis.json").write_text(json.dumps(result))
-    row = compare._analysis([({"_dir": str(tmp_path), "run_id": "graphs-0001"}, None)])
+    manifest = RunManifest(run_id="graphs-0001", sweep_id="s", config={"name": "graphs"}, status="ok")
+    row = compare._analysis([compare.Sample(RunResult(RunLayout(run), manifest, None), None)])
     decode = result["stages"]["decode"]
     assert row == {"stage": "decode", "categories": decode["categories"], "top": decode["top"][:3],
                    "shares": {k["name"]: k["share"] for k in decode["top"]}, "per_step_ms": decode["per_step_ms"]}

@@ -1,0 +1,141 @@
+"""Where everything of a sweep lives: the one place that spells a file name.
+
+    RESULTS/<sweep_id>/            SweepLayout   sweep.json, journal.jsonl, sweep.lock, summary.json|csv
+        runs/<run_id>/             RunLayout     manifest.json, launch.sh, server.log, bench.json, ...
+    WORKDIR/<sweep_id>/<run_id>/   HostRunLayout the same run folder on its host, pulled whole
+
+A run folder has the same names on the host and, once collected, here (what the host wrote is what
+the pull brings back), so both layouts take their names from `RunFiles`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+P = TypeVar("P", Path, str)
+
+
+class RunFiles:
+    """The names inside a run folder."""
+    LAUNCH = "launch.sh"
+    SERVER_LOG = "server.log"
+    PID = "server.pid"
+    LEASE = "lease"
+    SECRETS = ".secrets.env"          # mode 0600 on the host: never pulled, removed at every teardown
+    PROFILE = "profile"
+    FACTS = "facts"
+    BENCH = "bench.json"
+    REQUESTS = "requests.jsonl"       # beside bench.json (the benchmark client writes both)
+    BENCH_PROGRESS = "bench.progress.json"
+    PROMPT = "prompt.txt"
+    MANIFEST = "manifest.json"
+    ANALYSIS = "analysis.json"
+    HARNESS_ERROR = "harness-error.log"
+
+
+class SweepFiles:
+    SWEEP = "sweep.json"
+    JOURNAL = "journal.jsonl"
+    LOCK = "sweep.lock"
+    SUMMARY_JSON = "summary.json"
+    SUMMARY_CSV = "summary.csv"
+    RUNS = "runs"
+
+
+class _Named(Generic[P]):
+    """A file (or folder) of a layout by its name: `layout.bench` is the layout's folder joined with
+    `RunFiles.BENCH`, a Path here and a text path on the host."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, layout: _Folder[P], owner: type | None = None) -> P:
+        return layout.at(self.name)
+
+
+class _Folder(Generic[P]):
+    def at(self, name: str) -> P:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RunLayout(_Folder[Path]):
+    """A run's folder in the results."""
+    dir: Path
+
+    def at(self, name: str) -> Path:
+        return self.dir / name
+
+    @property
+    def run_id(self) -> str:
+        return self.dir.name
+
+    manifest = _Named[Path](RunFiles.MANIFEST)
+    launch = _Named[Path](RunFiles.LAUNCH)
+    server_log = _Named[Path](RunFiles.SERVER_LOG)
+    bench = _Named[Path](RunFiles.BENCH)
+    requests = _Named[Path](RunFiles.REQUESTS)
+    analysis = _Named[Path](RunFiles.ANALYSIS)
+    profile = _Named[Path](RunFiles.PROFILE)
+    facts = _Named[Path](RunFiles.FACTS)
+    harness_error = _Named[Path](RunFiles.HARNESS_ERROR)
+
+
+@dataclass(frozen=True)
+class SweepLayout(_Folder[Path]):
+    """A sweep's folder in the results."""
+    dir: Path
+
+    @classmethod
+    def of(cls, results: Path, sweep_id: str) -> SweepLayout:
+        return cls(Path(results) / sweep_id)
+
+    def at(self, name: str) -> Path:
+        return self.dir / name
+
+    @property
+    def sweep_id(self) -> str:
+        return self.dir.name
+
+    record = _Named[Path](SweepFiles.SWEEP)
+    journal = _Named[Path](SweepFiles.JOURNAL)
+    lock = _Named[Path](SweepFiles.LOCK)
+    summary_json = _Named[Path](SweepFiles.SUMMARY_JSON)
+    summary_csv = _Named[Path](SweepFiles.SUMMARY_CSV)
+    runs = _Named[Path](SweepFiles.RUNS)
+
+    def run(self, run_id: str) -> RunLayout:
+        return RunLayout(self.runs / run_id)
+
+    def run_layouts(self) -> list[RunLayout]:
+        """Every run folder that has a manifest."""
+        return [RunLayout(p.parent) for p in self.runs.glob(f"*/{RunFiles.MANIFEST}")]
+
+    def is_sweep(self) -> bool:
+        return self.record.exists() or self.runs.is_dir()
+
+
+@dataclass(frozen=True)
+class HostRunLayout(_Folder[str]):
+    """Where a run lives on its host: WORKDIR/<sweep_id>/<run_id>."""
+    root: str
+
+    @classmethod
+    def of(cls, workdir: str, sweep_id: str, run_id: str) -> HostRunLayout:
+        return cls(f"{workdir.rstrip('/')}/{sweep_id}/{run_id}")
+
+    def at(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    launch = _Named[str](RunFiles.LAUNCH)
+    log = _Named[str](RunFiles.SERVER_LOG)
+    pid_file = _Named[str](RunFiles.PID)
+    lease = _Named[str](RunFiles.LEASE)
+    secrets_file = _Named[str](RunFiles.SECRETS)
+    profile_dir = _Named[str](RunFiles.PROFILE)
+    facts_dir = _Named[str](RunFiles.FACTS)
+    bench_json = _Named[str](RunFiles.BENCH)
+    bench_progress = _Named[str](RunFiles.BENCH_PROGRESS)
+    prompt = _Named[str](RunFiles.PROMPT)

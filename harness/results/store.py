@@ -1,0 +1,171 @@
+"""Reading and writing the results: one writer per file, and typed readers for compare, report, status,
+reproduce and resume.
+
+Every file is written to a temporary name in the same directory, fsynced and renamed into place; a
+reader sees the old file or the new one, never half of one. A file that does not parse or does not
+match its model is treated as one being written right now by readers that scan a sweep (it is read on
+the next pass), and named in a clear error by readers that were pointed at it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from harness.errors import InputError
+from harness.results.layout import RunLayout, SweepLayout
+from harness.results.models import AnalysisFile, BenchFile, BenchLevel, RunManifest, SweepRecord, Versioned
+
+M = TypeVar("M", bound=BaseModel)
+
+SUMMARY_FIELDS = ["run_id", "config", "host", "status", "error_kind", "concurrency", "completed", "failed",
+                  "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_token_p50_ms", "tpot_p50_ms",
+                  "e2e_p50_ms", "output_tok_s", "requests_per_s"]
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_model(path: Path, model: Versioned) -> None:
+    write_json(path, model.dump())
+
+
+class Unreadable(InputError):
+    """A results file that is missing, not JSON, or not what its model says."""
+
+
+def read_model(path: Path, model: type[M]) -> M:
+    """The file as its model; Unreadable (naming the file and the first wrong key) otherwise."""
+    try:
+        return model.model_validate(read_json(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Unreadable(f"cannot read it: {e}", file=str(path)) from e
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        raise Unreadable(f"not a {model.__name__} file: {where}: {first['msg']}", file=str(path), key=where) from e
+
+
+def maybe_read(path: Path, model: type[M]) -> M | None:
+    """The file as its model, or None when it is missing or unreadable."""
+    try:
+        return read_model(path, model)
+    except Unreadable:
+        return None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished (or never started) run as its folder holds it."""
+    layout: RunLayout
+    manifest: RunManifest
+    bench: BenchFile | None
+
+    @property
+    def levels(self) -> list[BenchLevel]:
+        return self.bench.levels if self.bench else []
+
+    @cached_property
+    def analysis(self) -> AnalysisFile | None:
+        return maybe_read(self.layout.analysis, AnalysisFile)
+
+
+def load_run(layout: RunLayout) -> RunResult:
+    """One run folder; Unreadable when its manifest is (its bench.json counts as absent then)."""
+    manifest = read_model(layout.manifest, RunManifest)
+    return RunResult(layout, manifest, maybe_read(layout.bench, BenchFile) if layout.bench.exists() else None)
+
+
+def read_sweep(sweep: SweepLayout) -> SweepRecord | None:
+    return maybe_read(sweep.record, SweepRecord) if sweep.record.exists() else None
+
+
+def load_runs(sweep_dir: Path) -> list[RunResult]:
+    """Every run with a readable manifest, in the playbook's order when the sweep recorded it."""
+    sweep = SweepLayout(Path(sweep_dir))
+    record = read_sweep(sweep)
+    order = {r.run_id: i for i, r in enumerate(record.runs)} if record else {}
+    out = []
+    for layout in sorted(sweep.run_layouts(), key=lambda r: (order.get(r.run_id, len(order)), r.run_id)):
+        try:
+            out.append(load_run(layout))
+        except Unreadable:
+            continue  # a run being written right now; it will be read on the next pass
+    return out
+
+
+def summary_rows(run: RunResult) -> list[dict[str, Any]]:
+    """One row per run and concurrency level (one row with no level when the run has no benchmark)."""
+    m = run.manifest
+    base: dict[str, Any] = {"run_id": m.run_id, "config": m.config.name, "host": m.host.name, "status": m.status,
+                            "error_kind": m.error.kind if m.error else None}
+    if not run.levels:
+        return [base]
+    return [base | {
+        "concurrency": lv.concurrency, "completed": lv.completed, "failed": lv.failed,
+        "ttft_p50_ms": lv.stat("ttft_ms", "p50"), "ttft_p99_ms": lv.stat("ttft_ms", "p99"),
+        "itl_p50_ms": lv.stat("itl_ms", "p50"), "itl_p99_ms": lv.stat("itl_ms", "p99"),
+        "itl_token_p50_ms": lv.stat("itl_token_ms", "p50"), "tpot_p50_ms": lv.stat("tpot_ms", "p50"),
+        "e2e_p50_ms": lv.stat("e2e_ms", "p50"), "output_tok_s": lv.output_tok_s,
+        "requests_per_s": lv.requests_per_s} for lv in run.levels]
+
+
+def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:
+    sweep = SweepLayout(Path(sweep_dir))
+    rows = [row for run in load_runs(sweep.dir) for row in summary_rows(run)]
+    write_json(sweep.summary_json, rows)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=SUMMARY_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(sweep.summary_csv, buf.getvalue())
+    return rows
+
+
+def find_sweeps(path: Path) -> list[Path]:
+    """A sweep directory itself, or every sweep directory inside a results directory."""
+    path = Path(path)
+    if SweepLayout(path).is_sweep():
+        return [path]
+    return sorted(p.parent for p in path.glob(f"*/{SweepLayout(path).record.name}"))
+
+
+def latest_sweep(results: Path, name: str) -> Path:
+    """The most recently started sweep of playbook `name` under `results` (what --resume continues)."""
+    candidates = []
+    for sweep_dir in find_sweeps(results):
+        record = read_sweep(SweepLayout(sweep_dir))
+        if record is not None and record.playbook_name == name:
+            candidates.append((record.started or 0, sweep_dir))
+    if not candidates:
+        raise InputError(f"no earlier sweep of playbook {name!r} to resume in {results}", key="--resume")
+    return max(candidates)[1]

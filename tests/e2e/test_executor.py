@@ -1,0 +1,103 @@
+"""The executor in-process, with faults on cue (tests/faulty.py): real servers of the simulated engine,
+real files, the real journal; only the transport is told when to fail. Each case takes seconds, and
+each has its end-to-end twin over sshd and namespace hosts (test_night.py, test_faults.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.executor import Executor
+from harness.journal import read_journal
+from harness.plan import load_sweep
+from tests.e2e.test_sweep import FAST, _free_port
+from tests.faulty import Faults, bug, timeout
+
+pytestmark = pytest.mark.e2e
+
+BENCH = r" --max-failed-share "
+"""The benchmark client's command line (however the client is shipped to the host)."""
+
+
+def sweep(tmp_path: Path, *, hosts=("a",), configs=("one",), placement="pool"):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {
+        name: {"transport": "local", "venv": sys.prefix, "workdir": str(tmp_path / f"work-{name}")}
+        for name in hosts}}}))
+    playbook = tmp_path / "pb.yaml"
+    playbook.write_text(yaml.safe_dump({
+        "name": "faults", "hosts": "all", "engine": "sim", "model": {"path": "/m"}, "placement": placement,
+        "server": {"port": _free_port(), "env": dict(FAST), "startup_timeout_s": 60},
+        "configs": [{"name": c} for c in configs],
+        "benchmark": {"prompt": "hi", "max_tokens": 4, "requests": 2, "warmup": 0}}))
+    return load_sweep(playbook, inventory)
+
+
+def journal(outcome) -> list[tuple[str, str, str | None]]:
+    return [(e.run_id, e.state, e.host) for e in read_journal(outcome.sweep_dir / "journal.jsonl")
+            if e.state != "pending"]
+
+
+def test_a_transient_failure_is_tried_again_on_the_same_host(tmp_path):
+    faults = Faults()
+    faults.on("a", "run", r" wait --url ", error=timeout, times=1)     # the first health wait times out
+    outcome = Executor(sweep(tmp_path), tmp_path / "results", jobs=1, connect=faults.connect).run()
+    (m,) = outcome.manifests
+    assert (m.status, m.attempts) == ("ok", 2)
+    assert journal(outcome) == [("one-1", "running", "a"), ("one-1", "running", "a"), ("one-1", "ok", "a")]
+
+
+def test_a_run_whose_host_is_lost_mid_run_fails_over_to_another_host(tmp_path):
+    """Host a stops answering the heartbeat; once a whole lease passes it is lost, its connection is
+    closed under the benchmark, and the run is given to host b."""
+    faults = Faults()
+    faults.on("a", "run", r"^touch -c ", times=None)                         # a's heartbeat never answers
+    executor = Executor(sweep(tmp_path, hosts=("a", "b")), tmp_path / "results", jobs=1, lease_s=4,
+                        connect=faults.connect)
+    # a's benchmark waits until a is lost, then fails as its closed link would; a lost host cannot be
+    # reached again either
+    faults.on("a", "run", BENCH, after=lambda: executor.pool["a"].lost)
+    faults.on("a", "connect", times=None, when=lambda: executor.pool["a"].lost)
+    outcome = executor.run()
+    (m,) = outcome.manifests
+    assert (m.status, m.host.name) == ("ok", "b")
+    assert ("one-1", "retry", "a") in journal(outcome) and journal(outcome)[-1] == ("one-1", "ok", "b")
+
+
+def test_a_host_that_cannot_be_reached_is_set_aside_and_its_pinned_runs_fail_with_its_error(tmp_path):
+    faults = Faults()
+    faults.on("a", "connect", times=None)
+    sw = sweep(tmp_path, hosts=("a", "b"), configs=("x", "y"), placement="each")
+    outcome = Executor(sw, tmp_path / "results", jobs=1, host_retries=0, connect=faults.connect).run()
+    by_run = {m.run_id: m for m in outcome.manifests}
+    assert {r: m.status for r, m in by_run.items()} == {"x-a-1": "failed", "y-a-1": "failed",
+                                                        "x-b-1": "ok", "y-b-1": "ok"}
+    assert by_run["x-a-1"].error is not None and by_run["x-a-1"].error.kind == "unreachable"
+    assert faults.count("a", "connect") == 1                                  # dead after one try: no retries
+
+
+def test_a_bug_of_ours_fails_that_run_only_and_the_sweep_goes_on(tmp_path):
+    faults = Faults()
+    faults.on("a", "run", BENCH, error=bug)
+    outcome = Executor(sweep(tmp_path, configs=("buggy", "fine")), tmp_path / "results", jobs=1,
+                       connect=faults.connect).run()
+    buggy, fine = outcome.manifests
+    assert buggy.error is not None and (buggy.status, buggy.error.kind, buggy.attempts) == ("failed", "internal", 1)
+    assert "ZeroDivisionError: a bug of ours" in buggy.error.message
+    assert (outcome.sweep_dir / "runs" / "buggy-1" / "harness-error.log").read_text().count("Traceback") == 1
+    assert fine.status == "ok" and outcome.failed == [buggy]
+
+
+def test_resume_runs_what_fail_fast_skipped_and_leaves_finished_runs_alone(tmp_path):
+    faults = Faults()
+    faults.on("a", "run", BENCH, error=bug)
+    sw = sweep(tmp_path, configs=("first", "second"))
+    first = Executor(sw, tmp_path / "results", jobs=1, fail_fast=True, connect=faults.connect).run()
+    assert [(m.run_id, m.status) for m in first.manifests] == [("first-1", "failed"), ("second-1", "skipped")]
+    again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
+    assert [(m.run_id, m.status) for m in again.manifests] == [("first-1", "failed"), ("second-1", "ok")]
+    assert [s for r, s, _ in journal(again) if r == "first-1"] == ["running", "failed"]   # not run again

@@ -1,0 +1,119 @@
+"""`matrix:`: a product of axes with exclude, include and link; readable run ids; every mistake named
+with its key and line before any host; the plan shows each run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config.matrix import point_name, points
+from harness.errors import InputError
+from harness.plan import load_sweep
+from tests.conftest import harness
+
+INVENTORY = "all:\n  hosts:\n    localhost: {transport: local, venv: /opt/venv}\n"
+
+PLAYBOOK = """\
+name: grid
+hosts: localhost
+engine: vllm
+model: {path: /models/m}
+benchmark: {concurrency: [1, 8], max_tokens: 32}
+matrix:
+  axes:
+    args.tensor-parallel-size: [1, 2]
+    args.enforce-eager: [true, false]
+    benchmark.concurrency: [8, 64]
+  exclude:
+    - {args.tensor-parallel-size: 1, args.enforce-eager: true}
+  include:
+    - {args.tensor-parallel-size: 4, benchmark.concurrency: 256}
+  link: {args.max-num-seqs: benchmark.concurrency}
+"""
+
+
+def load(tmp_path, playbook: str = PLAYBOOK):
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    (tmp_path / "pb.yaml").write_text(playbook)
+    return load_sweep(tmp_path / "pb.yaml", tmp_path / "inventory.yaml")
+
+
+def test_points_are_the_product_less_the_excluded_plus_the_included_with_links_applied():
+    got = points({"args.tp": [1, 2], "args.eager": [True, False]},
+                 exclude=[{"args.tp": 1, "args.eager": True}], include=[{"args.tp": 8}],
+                 link={"env.TP": "args.tp"})
+    assert got == [{"args.tp": 1, "args.eager": False, "env.TP": 1},
+                   {"args.tp": 2, "args.eager": True, "env.TP": 2},
+                   {"args.tp": 2, "args.eager": False, "env.TP": 2},
+                   {"args.tp": 8, "env.TP": 8}]
+
+
+def test_a_point_is_named_by_its_values():
+    assert point_name({"args.tensor-parallel-size": 2, "args.enforce-eager": True, "env.NCCL_ALGO": "Ring",
+                       "args.--cuda-graph-sizes": [1, 2, 4], "args.x": False}) == \
+        "tensor-parallel-size-2_enforce-eager_NCCL_ALGO-Ring_cuda-graph-sizes-1-2-4_no-x"
+    assert point_name({"env.PATHY": "/a b/c"}) == "PATHY-a-b-c"
+
+
+def test_each_point_is_a_run_with_its_flags_its_benchmark_and_the_linked_batch_size(tmp_path):
+    sweep = load(tmp_path)
+    ids = [r.run_id for r in sweep.runs]
+    assert ids == ["tensor-parallel-size-1_no-enforce-eager_concurrency-8-1",
+                   "tensor-parallel-size-1_no-enforce-eager_concurrency-64-1",
+                   "tensor-parallel-size-2_enforce-eager_concurrency-8-1",
+                   "tensor-parallel-size-2_enforce-eager_concurrency-64-1",
+                   "tensor-parallel-size-2_no-enforce-eager_concurrency-8-1",
+                   "tensor-parallel-size-2_no-enforce-eager_concurrency-64-1",
+                   "tensor-parallel-size-4_concurrency-256-1"]
+    run = sweep.runs[3]
+    assert run.benchmark.concurrency == [64] and run.benchmark.max_tokens == 32   # the rest: the playbook's
+    rendered = sweep.render(run, sweep.hosts[0])
+    assert "--tensor-parallel-size 2" in rendered.script and "--enforce-eager" in rendered.script
+    assert "--max-num-seqs 64" in rendered.script                                 # linked to the concurrency
+    assert "--no-enforce-eager" not in sweep.render(sweep.runs[0], sweep.hosts[0]).script
+
+
+def test_configs_and_a_matrix_cross(tmp_path):
+    sweep = load(tmp_path, PLAYBOOK.split("matrix:")[0] + """\
+configs:
+  - {name: graphs}
+  - {name: fp8, args: {kv-cache-dtype: fp8}}
+matrix:
+  axes: {args.max-num-seqs: [8, 64]}
+""")
+    assert [r.run_id for r in sweep.runs] == ["graphs_max-num-seqs-8-1", "graphs_max-num-seqs-64-1",
+                                              "fp8_max-num-seqs-8-1", "fp8_max-num-seqs-64-1"]
+    assert "--kv-cache-dtype fp8" in sweep.render(sweep.runs[3], sweep.hosts[0]).script
+
+
+@pytest.mark.parametrize("matrix, key, words", [
+    ("axes: {tp: [1, 2]}", "matrix.axes", "an axis is args.FLAG, env.NAME or benchmark.FIELD"),
+    ("axes: {benchmark.concurency: [1]}", "matrix.axes", "no field 'concurency'"),
+    ("axes: {args.tp: []}", "matrix.axes", "at least one value"),
+    ("axes: {args.tp: [1, 1]}", "matrix.axes", "a value appears twice"),
+    ("axes: {env.BAD NAME: [1]}", "matrix.axes", "not a valid environment variable name"),
+    ("axes: {args.tp: [1]}\n  exclude: [{args.ep: 1}]", "matrix", "'args.ep' is not an axis"),
+    ("axes: {args.tp: [1]}\n  link: {args.max-num-seqs: benchmark.concurrency}", "matrix",
+     "'benchmark.concurrency' is not an axis"),
+    ("axes: {benchmark.concurrency: [0]}", "matrix.benchmark.concurrency", "concurrency levels must be >= 1"),
+])
+def test_a_matrix_mistake_is_named_with_its_key_and_line(tmp_path, matrix, key, words):
+    with pytest.raises(InputError) as e:
+        load(tmp_path, PLAYBOOK.split("matrix:")[0] + "matrix:\n  " + matrix + "\n")
+    assert words in str(e.value) and e.value.key.startswith(key)
+    assert e.value.line is not None and e.value.line >= 6
+
+
+def test_a_playbook_needs_configs_or_a_matrix(tmp_path):
+    with pytest.raises(InputError, match="needs `configs:`"):
+        load(tmp_path, PLAYBOOK.split("matrix:")[0])
+
+
+def test_harness_plan_shows_the_count_and_each_run_before_any_host(tmp_path):
+    load(tmp_path)
+    table = harness("plan", tmp_path / "pb.yaml", "-i", tmp_path / "inventory.yaml")
+    assert table.returncode == 0, table.stderr
+    assert "7 runs" in table.stdout and "tensor-parallel-size-4_concurrency-256-1" in table.stdout
+    listed = harness("plan", tmp_path / "pb.yaml", "-i", tmp_path / "inventory.yaml", "--format", "json")
+    assert len(json.loads(listed.stdout)) == 7

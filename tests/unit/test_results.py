@@ -1,0 +1,141 @@
+"""The results files as models: one writer, typed readers, older and newer files still read, a broken
+file named rather than a traceback, and every path spelled by the layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.journal import Journal, read_journal
+from harness.results import (
+    AnalysisFile,
+    BenchFile,
+    HostRunLayout,
+    JournalEvent,
+    RunManifest,
+    SweepLayout,
+    SweepRecord,
+    Unreadable,
+    load_runs,
+    read_model,
+    write_model,
+    write_summary,
+)
+
+
+def manifest(run_id: str = "tp8-1", **fields) -> dict:
+    return {"schema": "harness.run/1", "run_id": run_id, "sweep_id": "demo-1", "config": {"name": "tp8"},
+            "host": {"name": "gpu-01"}, "status": "ok", "attempts": 1, "phases": {"bench": {"seconds": 2.5}},
+            **fields}
+
+
+def level(concurrency: int, itl_p50: float) -> dict:
+    dist = {"mean": itl_p50, "p50": itl_p50, "p99": itl_p50 * 2}
+    return {"concurrency": concurrency, "requests": 8, "completed": 8, "failed": 0, "output_tok_s": 100.0,
+            "ttft_ms": dist, "itl_ms": dist, "tpot_ms": dist, "e2e_ms": dist}
+
+
+def test_a_manifest_round_trips_and_keeps_fields_this_version_does_not_name(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest(future_field={"a": 1})))
+    m = read_model(path, RunManifest)
+    assert (m.run_id, m.ok, m.seconds("bench"), m.host.name) == ("tp8-1", True, 2.5, "gpu-01")
+    write_model(path, m)
+    again = json.loads(path.read_text())
+    assert again["schema"] == "harness.run/1" and again["future_field"] == {"a": 1}
+    assert list(again)[:3] == ["schema", "run_id", "sweep_id"]
+
+
+def test_the_manifest_of_a_run_that_never_started_reads_with_what_it_has():
+    """What a sweep writes for a skipped run: no host facts, no phases, no profile."""
+    m = RunManifest.model_validate({"schema": "harness.run/1", "run_id": "a-1", "sweep_id": "s",
+                                    "config": {"name": "a"}, "status": "skipped", "skipped": "the deadline passed"})
+    assert m.profile is None and m.phases == {} and m.collected.bytes == 0 and not m.ok
+
+
+@pytest.mark.parametrize("content, key", [
+    ("{not json", None),
+    (json.dumps(manifest(status="fine")), "status"),
+    (json.dumps({k: v for k, v in manifest().items() if k != "config"}), "config"),
+    (json.dumps(manifest(phases={"bench": {"seconds": "soon"}})), "phases.bench.seconds"),
+])
+def test_a_broken_manifest_is_named_with_its_file_and_key(tmp_path, content, key):
+    path = tmp_path / "manifest.json"
+    path.write_text(content)
+    with pytest.raises(Unreadable) as e:
+        read_model(path, RunManifest)
+    assert e.value.file == str(path)
+    if key:
+        assert e.value.key == key
+
+
+def test_a_sweep_reads_its_runs_in_playbook_order_and_skips_a_run_being_written(tmp_path):
+    sweep = SweepLayout.of(tmp_path, "demo-1")
+    write_model(sweep.record, SweepRecord.model_validate(
+        {"sweep_id": "demo-1", "runs": [{"run_id": "zz-1", "config": "zz"}, {"run_id": "aa-1", "config": "aa"}]}))
+    for run_id, itl in (("zz-1", 2.0), ("aa-1", 3.0)):
+        run = sweep.run(run_id)
+        run.dir.mkdir(parents=True)
+        run.manifest.write_text(json.dumps(manifest(run_id)))
+        run.bench.write_text(json.dumps({"schema": "harness.bench/1", "prompt_tokens": 16,
+                                         "levels": [level(1, itl), level(8, itl * 2)]}))
+    half = sweep.run("mm-1")
+    half.dir.mkdir()
+    half.manifest.write_text('{"schema": "harness.run/1", "run_')
+    runs = load_runs(sweep.dir)
+    assert [r.manifest.run_id for r in runs] == ["zz-1", "aa-1"]
+    assert runs[0].levels[1].stat("itl_ms", "p50") == 4.0 and runs[0].bench.prompt_tokens == 16
+    rows = write_summary(sweep.dir)
+    assert [(r["run_id"], r["concurrency"], r["itl_p50_ms"]) for r in rows] == [
+        ("zz-1", 1, 2.0), ("zz-1", 8, 4.0), ("aa-1", 1, 3.0), ("aa-1", 8, 6.0)]
+    assert sweep.summary_csv.read_text().splitlines()[0].startswith("run_id,config,host,status")
+
+
+def test_a_bench_file_from_a_host_that_does_not_match_counts_as_no_benchmark(tmp_path):
+    sweep = SweepLayout.of(tmp_path, "s")
+    run = sweep.run("a-1")
+    run.dir.mkdir(parents=True)
+    run.manifest.write_text(json.dumps(manifest("a-1")))
+    run.bench.write_text(json.dumps({"schema": "harness.bench/1", "levels": [{"concurrency": "many"}]}))
+    (only,) = load_runs(sweep.dir)
+    assert only.bench is None and only.levels == []
+
+
+def test_analysis_decode_scope_is_the_decode_stage_when_it_ran_kernels():
+    kernel = {"name": "k", "share": 1.0}
+    whole = AnalysisFile.model_validate({"schema": "harness.analysis/1", "top": [kernel], "stages": {
+        "decode": {"top": [kernel], "categories": {"gemm": 1.0}}, "prefill": {"top": []}}})
+    scope, stage = whole.decode_scope()
+    assert stage == "decode" and scope.categories == {"gemm": 1.0}
+    no_decode = AnalysisFile.model_validate({"schema": "harness.analysis/1", "top": [kernel],
+                                             "stages": {"decode": {"top": []}}})
+    assert no_decode.decode_scope() == (no_decode, "")
+
+
+def test_the_journal_writes_typed_events_and_skips_lines_that_are_not_events(tmp_path):
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.append("a-1", "running", host="gpu-01", attempt=1)
+    with pytest.raises(ValueError):
+        journal.append("a-1", "finished-ish")
+    with open(journal.path, "a") as f:
+        f.write('{"t": 1, "run_id": "a-1", "state": "exploded"}\n')
+    journal.append("a-1", "ok", host="gpu-01", attempts=1)
+    events = read_journal(journal.path)
+    assert [(e.run_id, e.state, e.host) for e in events] == [("a-1", "running", "gpu-01"), ("a-1", "ok", "gpu-01")]
+    assert all(isinstance(e, JournalEvent) for e in events)
+
+
+def test_the_host_layout_and_the_local_layout_name_the_same_files(tmp_path):
+    host = HostRunLayout.of("/home/u/.cache/harness/", "demo-1", "tp8-1")
+    local = SweepLayout.of(tmp_path, "demo-1").run("tp8-1")
+    assert host.root == "/home/u/.cache/harness/demo-1/tp8-1"
+    assert host.bench_json.rsplit("/", 1)[1] == local.bench.name == "bench.json"
+    assert host.log.rsplit("/", 1)[1] == local.server_log.name
+
+
+def test_the_bench_client_and_the_analyzer_write_the_schemas_the_models_read():
+    from harness.analysis import SCHEMA as ANALYSIS
+    from harness.remote.bench import SCHEMA as BENCH
+    assert BenchFile.model_fields["schema_"].default == BENCH
+    assert AnalysisFile.model_fields["schema_"].default == ANALYSIS
