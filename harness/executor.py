@@ -40,7 +40,7 @@ from harness.lifecycle.run import execute
 from harness.lifecycle.server import stop_command
 from harness.lock import SweepLock
 from harness.plan import RunPaths, RunSpec, Sweep
-from harness.remote import install, private_workdir, remote_dir
+from harness.remote import install, private_workdir, remote_dir, tool_command
 from harness.report.live import Display, describe_tick
 from harness.results import atomic_write, read_json, write_json, write_summary
 from harness.resume import fingerprint, plan_resume, run_inputs
@@ -204,10 +204,9 @@ class Executor:
                                            "venv": installed.resolve(host.venv)})
             assert host.venv is not None  # the sweep refuses a host without one
             python = host.venv + "/bin/python"
-            reaped = transport.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
-                                   f"{shlex.quote(installed.tools + '/agent.py')} reap --workdir "
-                                   f"{shlex.quote(host.workdir)} --lease-s {self.lease_s}",
-                                   timeout=120, check=False).stdout
+            reap = tool_command(python, installed.tools, "agent", "reap", "--workdir", host.workdir,
+                                "--lease-s", self.lease_s)
+            reaped = transport.run(f"test -x {shlex.quote(python)} && {reap}", timeout=120, check=False).stdout
             if '"pid"' in reaped:
                 self.display.log(f"[{host.name}] stopped servers left by an earlier sweep: {reaped.strip()}")
         except Exception as e:  # HarnessError, or our own bug: either way this host is set aside
@@ -435,9 +434,9 @@ class Executor:
                 workdir = private_workdir(link, host.workdir, host=host.name)
                 assert host.venv is not None  # the sweep refuses a host without one
                 paths = RunPaths.of(host.model_copy(update={"workdir": workdir}), self.sweep.sweep_id, spec.run_id)
-                command = (f"if [ -f {shlex.quote(paths.pid_file)} ]; then {shlex.quote(host.venv + '/bin/python')} "
-                           f"{shlex.quote(remote_dir(workdir) + '/agent.py')} stop --pid-file "
-                           f"{shlex.quote(paths.pid_file)} --port 1 --timeout 20; fi; rm -rf {shlex.quote(paths.root)}")
+                stop = tool_command(host.venv + "/bin/python", remote_dir(workdir), "agent", "stop",
+                                    "--pid-file", paths.pid_file, "--port", 1, "--timeout", 20)
+                command = f"if [ -f {shlex.quote(paths.pid_file)} ]; then {stop}; fi; rm -rf {shlex.quote(paths.root)}"
                 link.run(command, timeout=120, check=False)
             finally:
                 link.close()
