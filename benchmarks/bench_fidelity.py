@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "harness" / "remote" / "bench.py"
 SERVER = Path(__file__).resolve().parent / "reference_server.py"
-sys.path.insert(0, str(BENCH.parent))
-from bench import percentile  # noqa: E402  the client's own percentile, so both sides agree
+sys.path.insert(0, str(ROOT))
+from harness.remote import ZIPAPP, zipapp  # noqa: E402  the client as it ships to a host
+from harness.remote.stats import percentile  # noqa: E402  the client's own percentile, so both sides agree
 
 # A word-level tokenizer for bench_serving's random-ids dataset, built with `tokenizers` in its venv.
 MAKE_TOKENIZER = """
@@ -84,6 +84,8 @@ class Row:
 class Fidelity:
     def __init__(self, args: argparse.Namespace, work: Path):
         self.args, self.work = args, work
+        self.pyz = work / ZIPAPP
+        self.pyz.write_bytes(zipapp())
         self.deadline = time.monotonic() + args.time_limit
         self.tokenizer: Path | None = None
 
@@ -119,7 +121,7 @@ class Fidelity:
 
     def ours(self, concurrency: int) -> Measured:
         out = self.work / "bench.json"
-        cpu = self.cpu_of([sys.executable, str(BENCH), "--url", f"http://127.0.0.1:{self.port}", "--model",
+        cpu = self.cpu_of([sys.executable, str(self.pyz), "bench", "--url", f"http://127.0.0.1:{self.port}", "--model",
                            "ref", "--concurrency", str(concurrency), "--requests", str(concurrency),
                            "--max-tokens", str(self.args.max_tokens), "--warmup", "1", "--out", str(out)])
         records = [json.loads(line) for line in (self.work / "requests.jsonl").read_text().splitlines()]

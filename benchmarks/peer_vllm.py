@@ -3,8 +3,8 @@
     python benchmarks/peer_vllm.py --url http://127.0.0.1:8000 --model tiny --tokenizer /models/tiny \
         --vllm .venv-vllm/bin/vllm --concurrency 1,16 --rounds 3
 
-Each round runs, for every concurrency level, the harness's client (`harness/remote/bench.py`, run by
-this Python: standard library only; a prompt of --input-tokens tokens by the server's /tokenize) and
+Each round runs, for every concurrency level, the harness's client (`bench` of the zipapp that ships to
+hosts, run by this Python: standard library only; a prompt of --input-tokens tokens by the server's /tokenize) and
 `vllm bench serve` (random prompts of --input-tokens tokens,
 --max-tokens output tokens with ignore_eos, --max-concurrency c) one after the other, the order
 alternating between rounds so that a drift of the machine does not favour either. Printed per level:
@@ -28,7 +28,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "harness" / "remote" / "bench.py"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from harness.remote import ZIPAPP, zipapp  # noqa: E402  the client as it ships to a host
 
 
 def prompt_of(a) -> str:
@@ -50,7 +52,9 @@ def prompt_of(a) -> str:
 
 def run_harness(a, c: int, out: Path) -> dict:
     path = out / f"harness-c{c}.json"
-    subprocess.run([sys.executable, str(BENCH), "--url", a.url, "--model", a.model, "--concurrency", str(c),
+    pyz = out / ZIPAPP
+    pyz.write_bytes(zipapp())
+    subprocess.run([sys.executable, str(pyz), "bench", "--url", a.url, "--model", a.model, "--concurrency", str(c),
                     "--requests", str(a.requests(c)), "--max-tokens", str(a.max_tokens), "--warmup", "1",
                     "--prompt", a.prompt, "--out", str(path)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -17,7 +17,7 @@ from rich.table import Table
 from harness.config.inventory import Host, load_inventory
 from harness.engines import Engine, get_engine
 from harness.errors import HarnessError
-from harness.remote import install
+from harness.remote import install, tool_command
 from harness.transport import connect
 
 
@@ -42,10 +42,9 @@ def check_host(host: Host, engine: str | Engine, port: int | None) -> HostCheck:
         installed = install(t, host.workdir, host=host.name)
         venv = installed.resolve(venv)
         python = f"{venv}/bin/python"
-        res = t.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
-                    f"{shlex.quote(installed.tools + '/agent.py')} probe --module {shlex.quote(eng.module)} "
-                    f"--port {port or eng.default_port} --dir {shlex.quote(installed.workdir)}",
-                    timeout=600, check=False)
+        probe_command = tool_command(python, installed.tools, "agent", "probe", "--module", eng.module,
+                                     "--port", port or eng.default_port, "--dir", installed.workdir)
+        res = t.run(f"test -x {shlex.quote(python)} && {probe_command}", timeout=600, check=False)
         if res.exit_code != 0 and not res.stdout.strip():
             return HostCheck(host.name, False, [f"venv {venv}: no runnable {python}"])
         probe = json.loads(res.stdout.strip().splitlines()[-1])

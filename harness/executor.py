@@ -39,7 +39,7 @@ from harness.lifecycle.run import analyze, execute, needs_analysis, unrun_manife
 from harness.lifecycle.server import stop_command
 from harness.lock import SweepLock
 from harness.plan import RunSpec, Sweep
-from harness.remote import private_workdir, remote_dir
+from harness.remote import private_workdir, remote_dir, tool_command
 from harness.results import (
     ErrorRecord,
     HostRunLayout,
@@ -376,9 +376,9 @@ class Executor:
                 workdir = private_workdir(link, host.workdir, host=host.name)
                 assert host.venv is not None  # the sweep refuses a host without one
                 paths = HostRunLayout.of(workdir, self.sweep.sweep_id, spec.run_id)
-                command = (f"if [ -f {shlex.quote(paths.pid_file)} ]; then {shlex.quote(host.venv + '/bin/python')} "
-                           f"{shlex.quote(remote_dir(workdir) + '/agent.py')} stop --pid-file "
-                           f"{shlex.quote(paths.pid_file)} --port 1 --timeout 20; fi; rm -rf {shlex.quote(paths.root)}")
+                stop = tool_command(host.venv + "/bin/python", remote_dir(workdir), "agent", "stop",
+                                    "--pid-file", paths.pid_file, "--port", 1, "--timeout", 20)
+                command = f"if [ -f {shlex.quote(paths.pid_file)} ]; then {stop}; fi; rm -rf {shlex.quote(paths.root)}"
                 link.run(command, timeout=120, check=False)
             finally:
                 link.close()

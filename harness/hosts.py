@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from harness.config.inventory import Host
 from harness.errors import HarnessError, Kind
 from harness.events import Events, parse_tick
-from harness.remote import install
+from harness.remote import install, tool_command
 from harness.transport import HostSpec, Transport
 
 HOST_BACKOFF_S = (5.0, 300.0)   # first and largest wait between connection attempts to a host
@@ -78,10 +78,9 @@ class HostPool:
                                            "venv": installed.resolve(host.venv)})
             assert host.venv is not None  # the sweep refuses a host without one
             python = host.venv + "/bin/python"
-            reaped = transport.run(f"test -x {shlex.quote(python)} && {shlex.quote(python)} "
-                                   f"{shlex.quote(installed.tools + '/agent.py')} reap --workdir "
-                                   f"{shlex.quote(host.workdir)} --lease-s {self.lease_s}",
-                                   timeout=120, check=False).stdout
+            reap = tool_command(python, installed.tools, "agent", "reap", "--workdir", host.workdir,
+                                "--lease-s", self.lease_s)
+            reaped = transport.run(f"test -x {shlex.quote(python)} && {reap}", timeout=120, check=False).stdout
             if '"pid"' in reaped:
                 self.events.log(f"[{host.name}] stopped servers left by an earlier sweep: {reaped.strip()}")
         except Exception as e:  # HarnessError, or our own bug: either way this host is set aside

@@ -23,8 +23,8 @@ from harness.config.playbook import Benchmark, Config, Playbook, load_playbook
 from harness.config.yamlfile import Loc, YamlDoc
 from harness.engines import Engine, engine_for
 from harness.errors import InputError
-from harness.remote import remote_dir
-from harness.render import BUILTIN_TEMPLATES, EnvRef, builtin_templates, render_string, render_template
+from harness.remote import ZIPAPP, remote_dir, tool_words
+from harness.render import BUILTIN_TEMPLATES, EnvRef, ShellWords, builtin_templates, render_string, render_template
 from harness.results.layout import HostRunLayout
 from harness.secrets import Redactor, arg_env_name, is_secret
 
@@ -90,7 +90,9 @@ class Sweep:
             "profile": pb.profile.model_dump(), "benchmark": run.benchmark.model_dump(),
             "vars": pb.vars, "playbook": {"name": pb.name}, "harness_version": harness.__version__,
             "nodes": [host.name], "node_rank": 0, "port": port,
-            "tools": {"dir": tools, "torchprof": f"{tools}/torchprof.py"},
+            # tools.torchprof: the words after `python` that run a server under torchprof, quoted
+            "tools": {"dir": tools, "pyz": f"{tools}/{ZIPAPP}",
+                      "torchprof": ShellWords(tool_words(tools, "torchprof"))},
             "server": {"port": port, "host": pb.server.host, "startup_timeout_s": pb.server.startup_timeout_s},
         }
         at = run.config.at

@@ -2,6 +2,7 @@
 
 Filters:
   shquote  a value as one shell word (`shlex.quote`); every value that reaches a shell goes through it
+           (a `ShellWords` value, a command prefix the harness quoted word by word, passes as it is)
   flags    an args mapping as command-line flags: true = bare flag, false/null = omitted,
            list = the flag repeated (a nested list = one flag, several values), mapping = JSON;
            names without a leading dash get `--`
@@ -30,7 +31,14 @@ def builtin_templates() -> list[str]:
     return sorted(p.name for p in BUILTIN_TEMPLATES.glob("*.sh.j2") if not p.name.startswith("_"))
 
 
+class ShellWords(str):
+    """Words the harness has already quoted one by one (`tools.torchprof`: the zipapp and its tool),
+    so `shquote` leaves them as they are rather than making one word of them."""
+
+
 def shquote(value: Any) -> str:
+    if isinstance(value, ShellWords):
+        return str(value)
     if isinstance(value, bool):
         value = "true" if value else "false"
     elif isinstance(value, (dict, list)):

@@ -21,7 +21,7 @@ import yaml
 
 from harness.errors import InputError
 from harness.plan import Sweep, load_sweep
-from harness.remote.bench import percentile
+from harness.remote.stats import percentile
 from harness.results import BenchLevel, RunLayout, RunManifest, RunResult, Unreadable, read_model
 from harness.results import load_run as load_run_result
 from harness.secrets import MASK

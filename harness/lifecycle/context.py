@@ -14,6 +14,7 @@ from typing import Any
 from harness.config.inventory import Host
 from harness.errors import Kind, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
+from harness.remote import tool_command
 from harness.results.layout import HostRunLayout, RunLayout
 from harness.results.models import Collected
 from harness.transport.base import Result, Transport
@@ -43,7 +44,7 @@ class RunContext:
     transport: Transport
     rendered: Rendered
     layout: RunLayout                            # the run's folder here
-    tools_dir: str                               # where agent.py and bench.py live on the host
+    tools_dir: str                               # where the harness's zipapp lives on the host
     lease_s: float = 60.0                        # the watchdog stops the server when not renewed this long
     on_phase: Callable[[str], None] = lambda phase: None
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -93,8 +94,7 @@ class RunContext:
         return f"source {shlex.quote(self.venv + '/bin/activate')} && {command}"
 
     def agent_command(self, *args: str | int | float) -> str:
-        words = " ".join(shlex.quote(str(a)) for a in args)
-        return f"{shlex.quote(self.python)} {shlex.quote(self.tools_dir + '/agent.py')} {words}"
+        return tool_command(self.python, self.tools_dir, "agent", *args)
 
     def agent(self, *args: str | int | float, timeout: float) -> dict:
         """Run one agent subcommand on the host and return its JSON answer."""

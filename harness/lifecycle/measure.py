@@ -8,13 +8,13 @@ protocol is the engine's (`Engine.capture`, plain data) and the host agent follo
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import asdict
 
 from harness.engines import CaptureSettings
 from harness.errors import RemoteTimeout
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.server import alive_check, server_alive
+from harness.remote import tool_command
 
 
 def prompt_file(ctx: RunContext) -> str:
@@ -31,8 +31,8 @@ def prompt_file(ctx: RunContext) -> str:
 
 
 def bench(ctx: RunContext) -> None:
-    b, q = ctx.run.benchmark, shlex.quote
-    words = ["--url", ctx.base_url, "--model", ctx.sweep.playbook.model.name, "--api", b.api,
+    b = ctx.run.benchmark
+    words: list[str | int | float] = ["--url", ctx.base_url, "--model", ctx.sweep.playbook.model.name, "--api", b.api,
              "--concurrency", ",".join(map(str, b.concurrency)), "--warmup", b.warmup,
              "--max-tokens", b.max_tokens, "--timeout", b.timeout_s, "--out", ctx.paths.bench_json]
     if b.requests:
@@ -42,7 +42,7 @@ def bench(ctx: RunContext) -> None:
     if b.extra_body:
         words += ["--extra-body", json.dumps(b.extra_body)]
     words += ["--max-failed-share", b.max_failed_share, "--progress-file", ctx.paths.bench_progress]
-    command = ctx.in_venv(f"python {q(ctx.tools_dir + '/bench.py')} " + " ".join(q(str(w)) for w in words))
+    command = ctx.in_venv(tool_command("python", ctx.tools_dir, "bench", *words))
     # the worst case: every request of every level runs into its own timeout, one wave after another
     waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
     budget = 120 + b.timeout_s * waves

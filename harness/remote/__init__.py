@@ -1,19 +1,24 @@
 """Code that runs ON the GPU host, standard library only: the agent (`agent.py`), the benchmark
-client (`bench.py`) and the torch.profiler wrapper (`torchprof.py`). They are uploaded once per
-connection into a directory named by their content, read once per process, so every run of a sweep
-uses exactly the same bytes.
+client (`bench.py`) and its statistics (`stats.py`), the torch.profiler wrapper (`torchprof.py`), and
+the `__main__.py` that dispatches to them. They ship as one zipapp, `harness.pyz`, built here in memory
+with bytes that depend on those sources alone, uploaded once per connection into a directory named by
+its sha256, so every run of a sweep uses exactly the same bytes. `tool_command` is the one way to
+build a command line that runs a tool there: `PYTHON TOOLS/harness.pyz agent probe ...`.
 
 The host is shared with other users: everything the harness writes there lives in the workdir, which
 must be the SSH user's own and private (0700, owned by it, writable by no one else); otherwise anyone
 on the host could replace the agent and run code as that user. `install` makes or checks it, resolves
-it to an absolute path (a leading `~/` is the user's home there), uploads the tools and checks that
+it to an absolute path (a leading `~/` is the user's home there), uploads the zipapp and checks that
 what landed is byte for byte what was sent.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import shlex
+import stat
+import zipfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,26 +27,55 @@ import harness
 from harness.errors import RemoteError
 from harness.transport.base import shell_path
 
-FILES = ("agent.py", "bench.py", "torchprof.py")
+ZIPAPP = "harness.pyz"
+PACKAGE = "harness_host"   # the tools' package inside the zipapp: a name no engine's import can meet
+SHIPPED = ("__main__.py", "agent.py", "bench.py", "stats.py", "torchprof.py")
 DEFAULT_WORKDIR = "~/.cache/harness"
 _OK, _FOREIGN, _OPEN = "__harness_workdir__", "__harness_workdir_foreign__", "__harness_workdir_open__"
+_EPOCH = (1980, 1, 1, 0, 0, 0)   # the earliest time a zip entry can carry: one for every entry
+_INIT = b'"""The tools of the harness on a GPU host (agent, bench, torchprof), shipped as one zipapp."""\n'
+_MAIN = f"import sys\n\nfrom {PACKAGE}.__main__ import main\n\nsys.exit(main())\n".encode()
 
 
 @cache
-def payload() -> dict[str, bytes]:
+def zipapp() -> bytes:
+    """The zipapp's bytes: the shipped modules as the package `harness_host`, and a `__main__.py` that
+    runs its dispatcher. They depend on the sources alone (entries sorted, one fixed timestamp and mode,
+    stored uncompressed: another zlib could compress the same bytes differently), so the sha256 that
+    names the remote directory is the same on every machine with this harness."""
     here = Path(__file__).resolve().parent
-    return {name: (here / name).read_bytes() for name in FILES}
+    files = {"__main__.py": _MAIN, f"{PACKAGE}/__init__.py": _INIT}
+    files |= {f"{PACKAGE}/{name}": (here / name).read_bytes() for name in SHIPPED}
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for name in sorted(files):
+            entry = zipfile.ZipInfo(name, date_time=_EPOCH)
+            entry.create_system = 3   # Unix, so the mode below is read as one
+            entry.external_attr = (stat.S_IFREG | 0o644) << 16
+            z.writestr(entry, files[name])
+    return out.getvalue()
 
 
 def remote_dir(workdir: str) -> str:
-    digest = hashlib.sha256(b"".join(payload().values())).hexdigest()[:12]
+    digest = hashlib.sha256(zipapp()).hexdigest()[:12]
     return f"{workdir.rstrip('/')}/.harness/{harness.__version__}-{digest}"
+
+
+def tool_words(tools_dir: str, tool: str, *args: str | int | float) -> str:
+    """`TOOLS/harness.pyz TOOL ARGS...`, every word quoted: what follows a Python on the command line."""
+    return shlex.join([f"{tools_dir}/{ZIPAPP}", tool, *map(str, args)])
+
+
+def tool_command(python: str, tools_dir: str, tool: str, *args: str | int | float) -> str:
+    """The command line that runs one tool (`agent`, `bench`, `torchprof`) on the host with `python`:
+    `PYTHON TOOLS/harness.pyz TOOL ARGS...`, every word quoted."""
+    return f"{shlex.quote(python)} {tool_words(tools_dir, tool, *args)}"
 
 
 @dataclass(frozen=True)
 class Installed:
     workdir: str        # absolute, checked private
-    tools: str          # where agent.py, bench.py and torchprof.py are
+    tools: str          # the directory that holds harness.pyz
     home: str           # the SSH user's home there: what a leading `~/` of a host's paths means
 
     def resolve(self, path: str | None) -> str | None:
@@ -80,15 +114,13 @@ def _private(transport, workdir: str, *, host: str) -> tuple[str, str]:
 
 
 def install(transport, workdir: str, *, host: str = "") -> Installed:
-    """Make sure of the workdir, upload the agent and the client under it and check what landed."""
+    """Make sure of the workdir, upload the zipapp under it and check what landed."""
     workdir, home = _private(transport, workdir, host=host)
     where = remote_dir(workdir)
-    for name, data in payload().items():
-        transport.put(data, f"{where}/{name}")
-    sums = transport.run(f"cd {shlex.quote(where)} && sha256sum -- {' '.join(FILES)}", timeout=60).stdout
-    landed = dict(reversed(line.split(None, 1)) for line in sums.splitlines() if line.strip())
-    wrong = [n for n, data in payload().items() if landed.get(n, "").strip() != hashlib.sha256(data).hexdigest()]
-    if wrong:
-        raise RemoteError(f"the uploaded {', '.join(wrong)} in {where} differ from what was sent: something "
-                          "on the host changed them; refusing to run them", host=host, kind="preflight")
+    data = zipapp()
+    transport.put(data, f"{where}/{ZIPAPP}")
+    landed = transport.run(f"sha256sum -- {shlex.quote(f'{where}/{ZIPAPP}')}", timeout=60).stdout.split()
+    if landed[:1] != [hashlib.sha256(data).hexdigest()]:
+        raise RemoteError(f"the uploaded {ZIPAPP} in {where} differs from what was sent: something on the "
+                          "host changed it; refusing to run it", host=host, kind="preflight")
     return Installed(workdir, where, home)

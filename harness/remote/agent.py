@@ -1,4 +1,4 @@
-"""The harness's hands on a GPU host: one standard-library file, uploaded and run inside the host's venv.
+"""The harness's hands on a GPU host: standard library only, run in the host's venv (`harness.pyz agent`).
 
 Each subcommand does one lifecycle step locally on the host, where polling is cheap, and prints one JSON
 object on stdout, so the orchestrator needs one SSH command per step instead of one per poll:

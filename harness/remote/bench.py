@@ -1,10 +1,10 @@
-"""The decode benchmark client: one standard-library file that runs on the GPU host, next to the server.
+"""The decode benchmark client: standard library only, run on the GPU host, next to the server.
 
-The harness uploads this file and runs it inside the host's venv, so it imports nothing outside the
-standard library (the GLM-5 campaign's timing script died on `ModuleNotFoundError: requests`) and nothing from
-the rest of `harness`:
+The harness ships it in its host zipapp and runs it inside the host's venv, so it imports nothing outside
+the standard library (the GLM-5 campaign's timing script died on `ModuleNotFoundError: requests`) and
+nothing from the rest of `harness` but its sibling `stats.py` (percentiles and distributions):
 
-    python bench.py --url http://127.0.0.1:30000 --model NAME --concurrency 1,8,32 --out bench.json
+    python harness.pyz bench --url http://127.0.0.1:30000 --model NAME --concurrency 1,8,32 --out bench.json
 
 Each concurrency level runs in order: `--warmup` requests that are not measured, then `--requests`
 requests (default: twice the concurrency, at least 16) with `concurrency` of them in flight (a closed
@@ -58,7 +58,6 @@ import contextlib
 import errno
 import gc
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -76,12 +75,13 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from .stats import distribution, several_per_chunk
+
 SCHEMA = "harness.bench/1"
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_PROMPT_WORDS = 16
 APIS = {"completions": "/completions", "chat": "/chat/completions"}
-STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 DECODE_RULE = "first-wave"  # the decode window's definition, named in bench.json (module docstring)
 
 # Common words that most tokenizers keep whole, so N words make roughly N prompt tokens.
@@ -507,26 +507,6 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = 
 
 # --------------------------------------------------------------------------- statistics
 
-def percentile(ordered: Sequence[float], p: float) -> float:
-    """The p-th percentile of sorted values by linear interpolation between closest ranks (numpy's
-    default), so p99 of few samples lies between the two largest rather than on either."""
-    rank = (len(ordered) - 1) * p / 100
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
-
-
-def distribution(values: Iterable[float]) -> dict:
-    """{mean, std, min, p50, p90, p95, p99, max}; every value null when there are none."""
-    xs = sorted(values)
-    if not xs:
-        return dict.fromkeys(STATS)
-    mean = math.fsum(xs) / len(xs)
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / len(xs))
-    return {"mean": mean, "std": std, "min": xs[0], "p50": percentile(xs, 50), "p90": percentile(xs, 90),
-            "p95": percentile(xs, 95), "p99": percentile(xs, 99), "max": xs[-1]}
-
-
 def _ms(ns: int) -> float:
     return ns / 1e6
 
@@ -737,11 +717,6 @@ def write_results(result: dict, out_path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(out, json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2) + "\n")
     _write_atomic(out.with_name("requests.jsonl"), "".join(json.dumps(r) + "\n" for r in result["requests"]))
-
-
-def several_per_chunk(level: dict) -> bool:
-    """Whether chunks carried noticeably more than one token: then ITL per chunk and per token differ."""
-    return (level.get("tokens_per_chunk") or 1) > 1.05
 
 
 def format_level(level: dict) -> str:

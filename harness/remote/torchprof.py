@@ -1,6 +1,6 @@
 """Run a Python server under a torch.profiler window that the harness opens and closes from outside.
 
-    python torchprof.py --dir PROFILE_DIR -- COMMAND [ARGS...]
+    python harness.pyz torchprof --dir PROFILE_DIR -- COMMAND [ARGS...]
 
 COMMAND is a console script on PATH (`transformers serve ...`) or `-m MODULE ...`; it runs in this
 process (runpy), so the profiler sees its work, whatever the engine. The window:
@@ -81,7 +81,7 @@ def _all_threads():
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="torchprof", usage="torchprof.py --dir DIR -- COMMAND [ARGS...]")
+    p = argparse.ArgumentParser(prog="torchprof", usage="harness.pyz torchprof --dir DIR -- COMMAND [ARGS...]")
     p.add_argument("--dir", required=True)
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args()

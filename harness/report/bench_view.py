@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from harness.remote.bench import several_per_chunk
+from harness.remote.stats import several_per_chunk
 from harness.report.compare import _fmt
 
 

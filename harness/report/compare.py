@@ -26,6 +26,7 @@ from rich.text import Text
 
 from harness.analysis.roofline import format_efficiency, roofline_for
 from harness.errors import InputError
+from harness.remote.stats import STATS
 from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
@@ -36,7 +37,6 @@ METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
            ("itl_ms", "p99", "ITL\np99 ms"), ("tpot_ms", "p50", "TPOT\np50 ms")]
 """The statistics csv and markdown show (the terminal table all but TPOT, to fit 80 columns); rows carry
 all of DISTRIBUTIONS x STATS."""
-STATS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 FIELDS = (["config", "concurrency", "runs", "ok", "completed", "failed"] + [f"{m}_{q}" for m, q, _ in METRICS]
           + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "theoretical_ms", "efficiency", "baseline",
              "itl_vs_baseline", "tok_s_vs_baseline", "misses", "error"])

@@ -67,9 +67,6 @@ def test_a_workdir_others_could_write_in_is_refused_before_anything_runs(tmp_pat
     assert os.listdir(work) == []                                  # no agent was ever put there
 
 
-AGENT = Path(__file__).resolve().parents[2] / "harness" / "remote" / "agent.py"
-
-
 def unrelated_job():
     """A process of its own session and group, as another user's job on a GPU host would be."""
     return subprocess.Popen(["setsid", "sleep", "120"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -85,7 +82,8 @@ def stale_run(work: Path, record: str) -> Path:
 
 
 def agent(*args: str) -> dict:
-    done = subprocess.run([sys.executable, str(AGENT), *args], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "harness.remote", "agent", *args], capture_output=True, text=True,
+                          timeout=120)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

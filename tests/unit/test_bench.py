@@ -1,4 +1,5 @@
-"""The benchmark client end to end: the script as a real process against a real streaming HTTP server."""
+"""The benchmark client end to end: the zipapp's `bench` as a real process against a real streaming HTTP
+server."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.remote import ZIPAPP, zipapp
 from harness.remote.bench import run_benchmark, write_results
-
-BENCH = Path(__file__).parents[2] / "harness" / "remote" / "bench.py"
 
 
 class StreamServer(socketserver.ThreadingTCPServer):
@@ -130,7 +130,9 @@ def serve():
 
 def bench(tmp_path: Path, url: str, *args: str) -> tuple[subprocess.CompletedProcess, dict, list[dict]]:
     out = tmp_path / "out" / "bench.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--url", url, "--model", "glm-5", "--out", str(out),
+    pyz = tmp_path / ZIPAPP
+    pyz.write_bytes(zipapp())
+    proc = subprocess.run([sys.executable, str(pyz), "bench", "--url", url, "--model", "glm-5", "--out", str(out),
                            "--max-tokens", "12", *args], capture_output=True, text=True, timeout=60)
     if not out.exists():
         return proc, {}, []

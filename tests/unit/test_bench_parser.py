@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.remote.bench import Outcome, distribution, parse_exchange, percentile, request_record, summarize_level
+from harness.remote.bench import Outcome, parse_exchange, request_record, summarize_level
+from harness.remote.stats import distribution, percentile
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "streams"
 MS = 1_000_000  # ns

@@ -1,11 +1,14 @@
 """Playbooks, rendering and the plan: every value quoted, every mistake named before any host."""
 
+import hashlib
 import shlex
 
 import pytest
 
+import harness
 from harness.errors import InputError
 from harness.plan import load_sweep
+from harness.remote import zipapp
 from harness.render import flags, shquote
 
 INVENTORY = """\
@@ -73,6 +76,21 @@ def test_the_script_activates_the_venv_and_renders_template_values(files):
     assert "source /opt/venv/bin/activate" in script
     assert "export SGLANG_TORCH_PROFILER_DIR=/tmp/hw/s1/tp8-1/profile" in script
     assert "python -m sglang.launch_server --model-path /models/m" in script
+
+
+@pytest.mark.parametrize("line", ["exec python {{ tools.torchprof }} --dir {{ run.profile_dir | shquote }}",
+                                  "exec python {{ tools.torchprof | shquote }} --dir {{ run.profile_dir | shquote }}"],
+                         ids=["plain", "shquoted"])
+def test_a_torch_window_template_runs_the_zipapps_torchprof_however_it_quotes(files, tmp_path, line):
+    template = tmp_path / "own.sh.j2"
+    template.write_text(line + " -- -m tinyserve\n")
+    pb, inv = files(PLAYBOOK.replace("engine: sglang", "engine: openai").replace("mode: engine", "mode: torch")
+                    + f"template: {template}\n", INVENTORY.replace("/tmp/hw", "\"/tmp/it's a $(dir)\""))
+    sweep = load_sweep(pb, inv, sweep_id="s1")
+    script = sweep.render(sweep.runs[0], sweep.runs[0].hosts[0]).script
+    tools = f"/tmp/it's a $(dir)/.harness/{harness.__version__}-{hashlib.sha256(zipapp()).hexdigest()[:12]}"
+    assert shlex.split(script.strip()) == ["exec", "python", f"{tools}/harness.pyz", "torchprof", "--dir",
+                                           "/tmp/it's a $(dir)/s1/tp8-1/profile", "--", "-m", "tinyserve"]
 
 
 def test_secrets_never_reach_the_script(files):

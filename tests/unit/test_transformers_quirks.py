@@ -21,7 +21,7 @@ from urllib.request import urlopen
 
 import pytest
 
-from harness.remote import bench
+from harness.remote import ZIPAPP, zipapp
 from harness.remote.bench import parse_exchange
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "streams"
@@ -121,8 +121,9 @@ def serve():
 
 
 def run_bench(url: str, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, bench.__file__, "--url", url, "--model", "tiny-llama",
+    out, pyz = tmp_path / "bench.json", tmp_path / ZIPAPP
+    pyz.write_bytes(zipapp())
+    proc = subprocess.run([sys.executable, str(pyz), "bench", "--url", url, "--model", "tiny-llama",
                            "--concurrency", "1,4", "--requests", "4", "--max-tokens", "12", "--timeout", "60",
                            "--out", str(out), *extra], capture_output=True, text=True, timeout=120)
     return proc, json.loads(out.read_text())

@@ -1,0 +1,150 @@
+"""The host's tools as one zipapp: the same bytes on every build, every tool reachable through its
+`__main__`, runnable by a bare Python in a folder of its own, uploaded and checked as one file."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import json
+import shlex
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import harness.remote as remote
+from harness.errors import RemoteError
+from harness.remote import PACKAGE, SHIPPED, ZIPAPP, install, remote_dir, tool_command, zipapp
+from harness.transport.base import HostSpec
+from harness.transport.local import LocalTransport
+
+HERE = Path(remote.__file__).resolve().parent
+
+
+@pytest.fixture
+def pyz(tmp_path) -> Path:
+    path = tmp_path / "tools" / ZIPAPP
+    path.parent.mkdir()
+    path.write_bytes(zipapp())
+    return path
+
+
+def run_isolated(pyz: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -I` (no PYTHONPATH, no user site, not the current folder on the path) in a folder that
+    holds nothing of the harness, with an environment that names nothing of it either."""
+    return subprocess.run([sys.executable, "-I", str(pyz), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin"})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_bytes_depend_on_the_sources_alone():
+    first, again = zipapp.__wrapped__(), zipapp.__wrapped__()
+    assert first == again == zipapp()
+    entries = zipfile.ZipFile(io.BytesIO(first)).infolist()
+    names = [e.filename for e in entries]
+    assert names == sorted(names) == sorted(["__main__.py", f"{PACKAGE}/__init__.py",
+                                             *(f"{PACKAGE}/{n}" for n in SHIPPED)])
+    assert {e.date_time for e in entries} == {(1980, 1, 1, 0, 0, 0)}
+    assert {(e.compress_type, e.external_attr >> 16, e.create_system) for e in entries} == {
+        (zipfile.ZIP_STORED, 0o100644, 3)}
+    with zipfile.ZipFile(io.BytesIO(first)) as z:
+        for name in SHIPPED:   # what ships is what the package holds, byte for byte
+            assert z.read(f"{PACKAGE}/{name}") == (HERE / name).read_bytes()
+    assert remote_dir("/w/") == f"/w/.harness/{remote.harness.__version__}-{hashlib.sha256(first).hexdigest()[:12]}"
+
+
+def test_a_bare_python_in_a_clean_folder_answers_agent_probe(pyz, tmp_path):
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    port = free_port()
+    done = run_isolated(pyz, "agent", "probe", "--module", "json", "--port", str(port), "--dir", str(clean),
+                        cwd=clean)
+    assert done.returncode == 0, done.stderr
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    assert probe["module_ok"] and probe["port_free"] and probe["python"] == sys.version.split()[0]
+    assert list(clean.iterdir()) == []   # it wrote nothing beside itself
+
+
+def test_every_tool_is_reached_through_main(pyz, tmp_path):
+    # the client against a port where nothing listens: a failed run (exit 3) with its own message
+    out = tmp_path / "b" / "bench.json"
+    bench = run_isolated(pyz, "bench", "--url", f"http://127.0.0.1:{free_port()}", "--model", "m",
+                         "--requests", "1", "--warmup", "0", "--out", str(out), cwd=tmp_path)
+    assert bench.returncode == 3 and "bench.py: no request completed" in bench.stderr, bench.stderr
+    assert json.loads(out.read_text())["levels"][0]["failed"] == 1
+    # torchprof runs the command it is given in its own process (its window waits for a .start)
+    data = tmp_path / "in.json"
+    data.write_text('{"a": [1, 2]}')
+    prof = run_isolated(pyz, "torchprof", "--dir", str(tmp_path / "p"), "--", "-m", "json.tool", "--compact",
+                        str(data), cwd=tmp_path)
+    assert (prof.returncode, prof.stdout.strip()) == (0, '{"a":[1,2]}'), prof.stderr
+    assert (tmp_path / "p").is_dir()
+    # the agent's own argument errors, and a tool that does not exist
+    assert run_isolated(pyz, "agent", "stop", cwd=tmp_path).stderr.startswith("usage: agent stop")
+    for args, said in [(["nosuch"], "no tool named 'nosuch'"), ([], "name a tool")]:
+        wrong = run_isolated(pyz, *args, cwd=tmp_path)
+        assert wrong.returncode == 2 and said in wrong.stderr and "agent,bench,torchprof" in wrong.stderr
+
+
+def test_the_command_line_quotes_every_word_and_runs(tmp_path):
+    tools = tmp_path / "it's a $(dir)"
+    tools.mkdir()
+    (tools / ZIPAPP).write_bytes(zipapp())
+    command = tool_command(sys.executable, str(tools), "agent", "probe", "--port", free_port(), "--dir", tools)
+    assert shlex.split(command)[:4] == [sys.executable, f"{tools}/{ZIPAPP}", "agent", "probe"]
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert json.loads(done.stdout)["port_free"], done.stderr
+
+
+def test_what_ships_runs_on_the_oldest_python_a_host_has_and_imports_only_the_standard_library():
+    for name in SHIPPED:
+        tree = ast.parse((HERE / name).read_text(), name, feature_version=(3, 9))
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                     if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+        assert imported - {"torch"} <= sys.stdlib_module_names, f"{name} imports {imported - sys.stdlib_module_names}"
+        relative = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+        siblings = {n.module or a.name for n in relative for a in n.names}   # `from .x import` or `from . import x`
+        assert {f"{s}.py" for s in siblings} <= set(SHIPPED), f"{name} imports a module that does not ship"
+
+
+def test_the_statistics_need_no_client():
+    """reproduce and the bench table use the statistics without loading the socket client."""
+    done = subprocess.run([sys.executable, "-c", "import sys, harness.reproduce, harness.report.bench_view, "
+                           "harness.report.compare; print(sorted(m for m in sys.modules if m.startswith("
+                           "('harness.remote.', 'socket', 'selectors', 'ssl'))))"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.replace("'", '"')))
+    assert "harness.remote.stats" in loaded and "harness.remote.bench" not in loaded
+    stats = ast.parse((HERE / "stats.py").read_text())
+    imported = {a.name for n in ast.walk(stats) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(stats) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "math", "collections.abc"}
+
+
+class Tampering(LocalTransport):
+    """A host where something rewrites a file as it lands."""
+
+    def put(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
+        super().put(data[:-1] + bytes([data[-1] ^ 1]), remote_path, mode=mode)
+
+
+def test_install_uploads_one_file_and_refuses_one_that_changed_on_the_way(tmp_path):
+    work = tmp_path / "work"
+    installed = install(LocalTransport(HostSpec("h", transport="local")), str(work), host="h")
+    assert installed.tools == remote_dir(str(work))
+    assert sorted(p.name for p in Path(installed.tools).iterdir()) == [ZIPAPP]
+    assert (Path(installed.tools) / ZIPAPP).read_bytes() == zipapp()
+    with pytest.raises(RemoteError, match=f"the uploaded {ZIPAPP} in .* differs from what was sent") as e:
+        install(Tampering(HostSpec("h", transport="local")), str(work), host="h")
+    assert (e.value.host, e.value.kind) == ("h", "preflight")
