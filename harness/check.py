@@ -95,14 +95,22 @@ def check_these(hosts: list[Host], engine: str | Engine, port: int | None) -> li
 
 
 def render(results: list[HostCheck]) -> Table:
+    """One row per host; its problems are `problem_lines`, printed whole under the table (a keyscan
+    command or a fingerprint cut or broken in a cell cannot be copied)."""
     t = Table(title="host check", header_style="bold")
-    for col in ("host", "status", "python", "GPUs", "disk free", "problems"):
+    for col in ("host", "status", "python", "GPUs", "disk free"):
         t.add_column(col)
+    t.add_column("problems", justify="right")
     for r in results:
         gpus = (r.probe.get("gpus") or {})
         devices = gpus.get("devices") or []
         gpu_text = f"{len(devices)} x {devices[0]['name']}" if devices else ("none" if r.probe else "-")
         t.add_row(r.host, "[green]ok[/]" if r.ok else "[red]problem[/]", r.probe.get("python", "-"), gpu_text,
                   f"{r.probe['disk_free_gb']} GB" if "disk_free_gb" in r.probe else "-",
-                  "\n".join(r.problems))
+                  str(len(r.problems)) if r.problems else "-")
     return t
+
+
+def problem_lines(results: list[HostCheck]) -> list[tuple[str, str]]:
+    """(host, problem) for every problem found."""
+    return [(r.host, problem) for r in results for problem in r.problems]

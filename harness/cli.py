@@ -197,7 +197,7 @@ def check(playbook: Annotated[Path | None, typer.Argument(help="a playbook: chec
                                                      "(default: the playbook's, else sglang)")] = None,
           port: Annotated[int | None, typer.Option(help="server port to check; default: the engine's")] = None):
     """Preflight every host: reachable, host key, venv, engine importable, GPUs free, port free, disk."""
-    from harness.check import check_hosts, check_these, render
+    from harness.check import check_hosts, check_these, problem_lines, render
 
     if playbook is not None:
         from harness.plan import load_sweep
@@ -207,6 +207,8 @@ def check(playbook: Annotated[Path | None, typer.Argument(help="a playbook: chec
     else:
         results = check_hosts(inventory, limit=limit, engine=engine or "sglang", port=port)
     out.print(render(results))
+    for host, problem in problem_lines(results):   # whole lines (soft wrap): a command or fingerprint copies as one
+        out.print(Text.assemble((f"{host}: ", "red"), problem), soft_wrap=True)
     if any(not r.ok for r in results):
         raise typer.Exit(1)
 

@@ -5,6 +5,10 @@ A name is secret when it contains TOKEN, SECRET, PASSWORD or KEY (any case), or 
 value travels in an environment variable the flag names. Secret values reach the host in a mode-0600
 file that the launch script sources; everything the harness writes or prints goes through
 `Redactor.text`, and so do the text files pulled back (an engine may log its arguments).
+
+A server launched with an API key (`--api-key`, vLLM and SGLang alike; or vLLM's VLLM_API_KEY) asks
+every client for it: the harness's own requests on the host (health, benchmark, profiler) read it
+from the secrets file into their environment and send `Authorization: Bearer`, see `api_key_env`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,22 @@ def arg_env_name(flag: str) -> str:
     """The environment variable a secret flag's value travels in (`api-key` -> HARNESS_ARG_API_KEY):
     the launch script says `--api-key "$HARNESS_ARG_API_KEY"` and the value lives in the secrets file."""
     return "HARNESS_ARG_" + re.sub(r"[^A-Za-z0-9]", "_", flag.lstrip("-")).upper()
+
+
+API_KEY_FLAGS = frozenset({"api-key"})
+"""Server flags whose value clients must send as `Authorization: Bearer` (vLLM 0.26, SGLang 0.5.23)."""
+API_KEY_ENV = frozenset({"VLLM_API_KEY"})
+"""Environment variables an engine takes its key from when no flag gives one (vLLM)."""
+
+
+def api_key_env(args: Mapping[str, object], secret_env: Mapping[str, str]) -> str | None:
+    """The environment variable, among a run's secrets, that holds the key the server asks clients
+    for; None when it asks for none."""
+    for flag, value in args.items():
+        name = arg_env_name(flag)
+        if flag.lstrip("-") in API_KEY_FLAGS and value not in (None, False) and name in secret_env:
+            return name
+    return next((name for name in sorted(API_KEY_ENV) if secret_env.get(name)), None)
 
 
 class Redactor:

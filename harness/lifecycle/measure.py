@@ -13,7 +13,7 @@ from dataclasses import asdict
 from harness.engines import CaptureSettings
 from harness.errors import RemoteTimeout
 from harness.lifecycle.context import RunContext
-from harness.lifecycle.server import alive_check, server_alive
+from harness.lifecycle.server import agent_with_key, alive_check, key_words, server_alive, with_key
 from harness.remote import tool_command
 
 
@@ -41,8 +41,8 @@ def bench(ctx: RunContext) -> None:
     words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
     if b.extra_body:
         words += ["--extra-body", json.dumps(b.extra_body)]
-    words += ["--max-failed-share", b.max_failed_share, "--progress-file", ctx.paths.bench_progress]
-    command = ctx.in_venv(tool_command("python", ctx.tools_dir, "bench", *words))
+    words += ["--max-failed-share", b.max_failed_share, "--progress-file", ctx.paths.bench_progress, *key_words(ctx)]
+    command = with_key(ctx, ctx.in_venv(tool_command("python", ctx.tools_dir, "bench", *words)))
     # the worst case: every request of every level runs into its own timeout, one wave after another
     waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
     budget = 120 + b.timeout_s * waves
@@ -87,7 +87,7 @@ def profile(ctx: RunContext) -> dict:
         args.append("--no-ignore-eos")
     if b.extra_body:
         args += ["--extra-body", json.dumps(b.extra_body)]
-    answer = ctx.agent(*args, timeout=p.timeout_s + 120)
+    answer = agent_with_key(ctx, *args, timeout=p.timeout_s + 120)
     answer["num_steps"] = p.num_steps
     answer["mode"] = p.mode
     return answer

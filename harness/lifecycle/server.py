@@ -12,6 +12,7 @@ import re
 import shlex
 
 from harness.lifecycle.context import RunContext
+from harness.secrets import api_key_env
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|Cannot allocate memory", re.I)
 
@@ -49,14 +50,34 @@ def launch(ctx: RunContext) -> int:
     return pid
 
 
+def key_words(ctx: RunContext) -> list[str]:
+    """`--api-key-env NAME` for the host's clients (agent.py, bench.py) when the server asks for a key."""
+    name = api_key_env(ctx.rendered.args, ctx.rendered.secret_env)
+    return ["--api-key-env", name] if name else []
+
+
+def with_key(ctx: RunContext, command: str) -> str:
+    """`command` with the run's secrets in its environment, read from their 0600 file on the host,
+    when the server asks for an API key: the key is never on a command line, in a log or an error."""
+    if not key_words(ctx):
+        return command
+    return f"set -a && . {shlex.quote(ctx.paths.secrets_file)} && set +a && {command}"
+
+
+def agent_with_key(ctx: RunContext, *args: str | int | float, timeout: float) -> dict:
+    """One agent subcommand that talks to the server, sending its API key if it asks for one."""
+    command = with_key(ctx, ctx.agent_command(*args, *key_words(ctx)))
+    return ctx.parse_agent(str(args[0]), ctx.sh(command, timeout=timeout, check=False))
+
+
 def wait_healthy(ctx: RunContext) -> float:
     """Seconds until healthy; fails fast (kind oom/launch) when the server exits while loading."""
     pb, paths = ctx.sweep.playbook, ctx.paths
     timeout = pb.server.startup_timeout_s
     health = ctx.base_url + (pb.server.health_path or ctx.sweep.engine.health_path)
-    answer = ctx.agent("wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
-                       f"{paths.root}/server.exit", "--log", paths.log, "--timeout", timeout,
-                       timeout=timeout + 120)
+    answer = agent_with_key(ctx, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
+                            f"{paths.root}/server.exit", "--log", paths.log, "--timeout", timeout,
+                            timeout=timeout + 120)
     if answer["status"] == "healthy":
         return answer["seconds"]
     log = answer.get("log_tail", "")

@@ -12,6 +12,10 @@ object on stdout, so the orchestrator needs one SSH command per step instead of 
     reap     --workdir W --lease-s S                  stop servers of earlier sweeps whose lease lapsed
 
 Python >= 3.9, no third-party imports: it must run in whatever venv the host has.
+
+`wait` and `profile` take `--api-key-env NAME` for a server launched with an API key: every request
+then carries `Authorization: Bearer` with the value of that environment variable (the key itself is
+never on a command line).
 """
 
 from __future__ import annotations
@@ -73,11 +77,15 @@ def root_error(path: str, limit: int = 256 * 1024) -> str:
     return line if len(line) <= 400 else line[:397] + "..."
 
 
+HEADERS: dict[str, str] = {}
+"""Sent with every request (`--api-key-env`: the server's Authorization)."""
+
+
 def http(method: str, url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
     """(status, body text); status 0 with the reason when the connection itself failed."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
+                                 headers={**HEADERS, **({"Content-Type": "application/json"} if data else {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read(4096).decode("utf-8", "replace")
@@ -615,6 +623,9 @@ def main(argv=None) -> int:
     f.add_argument("--stable-s", type=float, default=1.0)
     f.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     f.add_argument("--extra-body", default="", help="a JSON object of fields added to every request")
+    for sp in (w, f):
+        sp.add_argument("--api-key-env", default="", help="an environment variable holding the server's API "
+                        "key: sent as Authorization: Bearer")
     wd = sub.add_parser("watch")
     wd.add_argument("--pid-file", required=True)
     wd.add_argument("--lease", required=True)
@@ -623,6 +634,11 @@ def main(argv=None) -> int:
     r.add_argument("--workdir", required=True)
     r.add_argument("--lease-s", type=float, default=60.0)
     a = p.parse_args(argv)
+    if getattr(a, "api_key_env", ""):
+        key = os.environ.get(a.api_key_env, "")
+        if not key:
+            p.error(f"--api-key-env: {a.api_key_env} is not set in the environment")
+        HEADERS["Authorization"] = f"Bearer {key}"
     commands = {"probe": cmd_probe, "wait": cmd_wait, "stop": cmd_stop, "profile": cmd_profile,
                 "watch": cmd_watch, "reap": cmd_reap}
     return commands[a.cmd](a)

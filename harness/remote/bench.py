@@ -776,6 +776,8 @@ def _parser() -> argparse.ArgumentParser:
                         "~20,000 chunks/s and where cores are free beside the server's)")
     p.add_argument("--out", default="bench.json", help="bench.json path; requests.jsonl goes beside it")
     p.add_argument("--progress-file", help="a JSON file rewritten once a second with where the level stands")
+    p.add_argument("--api-key-env", help="an environment variable holding the server's API key, sent as "
+                   "Authorization: Bearer (the key itself never on the command line)")
     p.add_argument("--max-failed-share", type=float, default=0.0,
                    help="exit 4 when more than this share of a level's requests failed (default 0: any)")
     return p
@@ -801,12 +803,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, UnicodeDecodeError) as e:
             print(f"bench.py: error: cannot read --prompt-file: {e}", file=sys.stderr)
             return 2
+    headers = {}
+    if args.api_key_env:
+        if not os.environ.get(args.api_key_env):
+            print(f"bench.py: error: --api-key-env: {args.api_key_env} is not set in the environment", file=sys.stderr)
+            return 2
+        headers["Authorization"] = f"Bearer {os.environ[args.api_key_env]}"
     try:
         result = run_benchmark(
             args.url, args.model, concurrency=args.concurrency, requests=args.requests, warmup=args.warmup,
             max_tokens=args.max_tokens, prompt=args.prompt, prompt_tokens=args.prompt_tokens, api=args.api,
             ignore_eos=args.ignore_eos, timeout=args.timeout, duration=args.duration, workers=args.workers,
-            extra_body=args.extra_body,
+            extra_body=args.extra_body, headers=headers,
             progress=lambda level: print(format_level(level), file=sys.stderr, flush=True),
             on_tick=(lambda state: _write_atomic(Path(args.progress_file), json.dumps(state)))
             if args.progress_file else None)

@@ -6,7 +6,12 @@ output tok/s, the roofline (`theoretical_ms`, `efficiency`: see `harness.analysi
 ITL p50 and tok/s against the baseline configuration (`itl_vs_baseline`, `tok_s_vs_baseline`, as
 fractions), the playbook's reference misses and, when the runs were profiled, where the GPU time went
 (in the decode steps when the traces mark them: `analysis.stage` says "decode", else the whole trace).
-Every format (table, json, csv, markdown) carries the same fields.
+Every format (table, json, csv, markdown) carries the same fields; the roofline's columns are left out
+of the table and markdown when no run has roofline facts.
+
+The simulated engine may run faster than the GPUs it models (HARNESS_SIM_TIME_SCALE): its latencies
+are then the simulator's wall clock while its traces keep the modelled GPU's times. Rows carry
+`time_scale` (1 for a real engine) and every view says which number is at which scale (`time_note`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -32,6 +38,7 @@ from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
 from harness.results import BenchLevel, RunManifest, RunResult, find_sweeps, load_runs
 from harness.results.models import DISTRIBUTIONS
+from harness.sim.knobs import recorded_time_scale
 
 METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
            ("itl_ms", "p99", "ITL\np99 ms"), ("tpot_ms", "p50", "TPOT\np50 ms")]
@@ -100,8 +107,34 @@ def _row(config: str, concurrency: int | None, runs: list[Sample]) -> dict:
     row["roofline"] = roof and {k: roof[k] for k in ("gpu", "bandwidth_gbs", "bandwidth_source", "gpus",
                                                      "context_tokens", "weight_bytes", "kv_bytes")}
     row["analysis"] = _analysis(ok or runs)
+    row["time_scale"] = _time_scale(ok or runs)
     row["profile_warning"] = next((w for s in runs if (w := profile_warning(s.manifest))), None)
     return row
+
+
+def _time_scale(runs: Sequence[Sample]) -> float:
+    """How fast the simulated engine ran against the GPUs it models (1: a real engine, or real speed)."""
+    manifest = runs[0].manifest
+    if manifest.engine != "sim":
+        return 1.0
+    return recorded_time_scale(manifest.config.env)
+
+
+def time_note(rows: list[dict]) -> str | None:
+    """What a reader must know when the simulator ran faster or slower than it models; None otherwise."""
+    scales = {r["config"]: r.get("time_scale", 1.0) for r in rows}
+    if all(v == 1.0 for v in scales.values()):
+        return None
+    distinct = sorted(set(scales.values()))
+    if len(distinct) == 1:
+        scale = distinct[0]
+        how = f"time scale {scale:g}" + (f": {1 / scale:.3g}x faster than the GPUs it models" if scale else "")
+        return (f"simulated engine at {how}. Latencies and tok/s are its wall clock; the GPU time of its "
+                "traces is the modelled GPUs' (unscaled)")
+    each = ", ".join(f"{c} {v:g}" for c, v in scales.items())
+    return (f"simulated engine at different time scales ({each}): latencies and tok/s are its wall clock, "
+            "so compare them only between configurations of one scale; the traces' GPU time is the "
+            "modelled GPUs' (unscaled)")
 
 
 def _median(values: list) -> float | None:
@@ -149,7 +182,7 @@ def table(rows: list[dict], *, title: str = "configurations"):
     notes = ["latencies in ms"] + [f"Δ vs {base}"] * bool(base) + ["eff = roofline / ITL p50"] * roofline
     t = Table(title=f"{title} ({', '.join(notes)})", header_style="bold",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    t.add_column("config", no_wrap=True)
+    t.add_column("config", overflow="fold")   # a long name wraps; the numbers are never cut
     t.add_column("conc", justify="right", no_wrap=True)
     t.add_column("req\ndone", justify="right", no_wrap=True)
     for _, _, label in METRICS[:3]:
@@ -178,51 +211,80 @@ def table(rows: list[dict], *, title: str = "configurations"):
             cells += [_pct(row.get("itl_vs_baseline")), _pct(row.get("tok_s_vs_baseline"))]
         t.add_row(*cells, style="red" if (row.get("error") and not row["ok"]) or row.get("misses") else None)
     parts: list[RenderableType] = [t]
+    if note := time_note(rows):
+        parts.append(Text(f"note: {note}.", style="yellow"))
     problems = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
     problems += [f"{r['config']}: {r['profile_warning']}" for r in rows if r.get("profile_warning")]
     problems += [f"reference missed: {m['message']}" for r in rows for m in r.get("misses") or []]
     if problems:
         parts.append(Text("\n".join(dict.fromkeys(problems)), style="red"))
     kernels = _kernel_table(rows, base)
+    if kernels and len(parts) > 1:
+        parts.append(Text(""))
     return Group(*parts, *([kernels] if kernels else []))
+
+
+class _Widest:
+    """The first of several renderings that fits the console's width (else the last), where `give`
+    columns may be won by wrapping (a long configuration name)."""
+
+    def __init__(self, *choices: RenderableType, give: int = 0):
+        self.choices, self.give = choices, give
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = options.update_width(10_000)
+        yield next((c for c in self.choices
+                    if Measurement.get(console, wide, c).maximum - self.give <= options.max_width), self.choices[-1])
+
+
+CATEGORY_LABELS = {"communication": "comm", "elementwise": "elem-\nwise", "attention": "atten-\ntion"}
+"""Narrow headers for the wide category names, so four of them fit 80 columns."""
 
 
 def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
     """Per configuration: GPU time by category (moves against the baseline in points), top kernels; of
-    the decode steps where the traces mark them (column "steps": decode), else of the whole trace."""
+    the decode steps where the traces mark them (column "steps": decode), else of the whole trace.
+    The category table shows as many of the largest categories (up to 4) as fit the width."""
     per_config = {r["config"]: r["analysis"] for r in rows if r.get("analysis")}
     if not per_config:
         return None
     ref = per_config.get(baseline) if baseline else None
     cats = sorted({c for a in per_config.values() for c in a["categories"]},
                   key=lambda c: -max(a["categories"].get(c, 0) for a in per_config.values()))[:4]
-    t = Table(title=f"GPU time by category (points vs {baseline})" if ref else "GPU time by category",
-              header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
-    t.add_column("config", no_wrap=True)
-    t.add_column("steps", no_wrap=True)
-    t.add_column("GPU ms\n/step", justify="right", no_wrap=True)
-    for c in cats:
-        t.add_column(c, justify="right", no_wrap=True)
+    modelled = " of the modelled GPUs" if time_note(rows) else ""
+    title = f"GPU time{modelled} by category" + (f" (points vs {baseline})" if ref else "")
+
+    def categories(shown: list[str]) -> Table:
+        t = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+        t.add_column("config", overflow="fold")
+        t.add_column("steps", no_wrap=True)
+        t.add_column("GPU\nms/step", justify="right", no_wrap=True)
+        for c in shown:
+            t.add_column(CATEGORY_LABELS.get(c, c), justify="right", no_wrap=True)
+        for name, a in per_config.items():
+            cells = [name, a.get("stage") or "all", _fmt(a.get("per_step_ms"))]
+            for c in shown:
+                share = a["categories"].get(c, 0)
+                moved = "" if not ref or name == baseline else f" {(share - ref['categories'].get(c, 0)) * 100:+.0f}"
+                cells.append(f"{share * 100:.0f}%{moved}")
+            t.add_row(*cells)
+        return t
+
     k = Table(title=f"top kernels (share of those steps' kernel time{f', points vs {baseline}' if ref else ''})",
               header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
-    k.add_column("config", no_wrap=True, min_width=max(map(len, per_config)))
+    k.add_column("config", overflow="fold", min_width=min(18, max(map(len, per_config))))
     k.add_column("share", justify="right", no_wrap=True, min_width=9)
     k.add_column("kernel", overflow="fold", max_width=72)   # wrapped, never cut: its end tells kernels apart
     ref_share = (ref or {}).get("shares") or {}
     for name, a in per_config.items():
-        cells = [name, a.get("stage") or "all", _fmt(a.get("per_step_ms"))]
-        for c in cats:
-            share = a["categories"].get(c, 0)
-            moved = "" if not ref or name == baseline else f" {(share - ref['categories'].get(c, 0)) * 100:+.0f}"
-            cells.append(f"{share * 100:.0f}%{moved}")
-        t.add_row(*cells)
         for i, kernel in enumerate(a["top"]):
             moved = ("" if not ref or name == baseline else
                      f" {(kernel['share'] - ref_share[kernel['name']]) * 100:+.0f}" if kernel["name"] in ref_share
                      else " new")   # not among the baseline's top kernels
             k.add_row(name if i == 0 else "", f"{kernel['share'] * 100:.0f}%{moved}", short_name(kernel["name"]),
                       end_section=i == len(a["top"]) - 1)
-    return Group(t, k)
+    give = max(0, max(map(len, per_config)) - 18)   # a longer name wraps at 18
+    return Group(_Widest(*(categories(cats[:n]) for n in range(len(cats), 0, -1)), give=give), k)
 
 
 def _baseline(rows: list[dict], name: str | None) -> list[dict]:
@@ -258,13 +320,17 @@ def as_csv(rows: list[dict]) -> str:
 
 def as_markdown(rows: list[dict]) -> str:
     base = next((r["baseline"] for r in rows if r.get("baseline")), None)
-    head = (["config", "conc"] + [label.replace("\n", " ") for *_, label in METRICS]
-            + ["tok/s", "roofline ms", "efficiency", f"ITL vs {base}", f"tok/s vs {base}", "misses", "error"])
+    roofline = any(r.get("theoretical_ms") for r in rows)
+    head = (["config", "conc"] + [label.replace("\n", " ") for *_, label in METRICS] + ["tok/s"]
+            + ["roofline ms", "efficiency"] * roofline
+            + [f"ITL vs {base}", f"tok/s vs {base}", "misses", "error"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in map(_flat, rows):
         cells = ([r["config"], str(r["concurrency"] or "-")] + [_fmt(r.get(f"{m}_{q}")) for m, q, _ in METRICS]
-                 + [_fmt(r.get("output_tok_s")), _fmt(r.get("theoretical_ms")), format_efficiency(r.get("efficiency")),
-                    _pct(r.get("itl_vs_baseline")), _pct(r.get("tok_s_vs_baseline")), r["misses"] or "",
+                 + [_fmt(r.get("output_tok_s"))]
+                 + [_fmt(r.get("theoretical_ms")), format_efficiency(r.get("efficiency"))] * roofline
+                 + [_pct(r.get("itl_vs_baseline")), _pct(r.get("tok_s_vs_baseline")), r["misses"] or "",
                     r.get("error") or ""])
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    note = time_note(rows)
+    return "\n".join(lines) + "\n" + (f"\nNote: {note}.\n" if note else "")

@@ -20,7 +20,7 @@ from harness.analysis.roofline import format_efficiency
 from harness.errors import tail
 from harness.report import plots
 from harness.report.analysis_view import short_name
-from harness.report.compare import collect
+from harness.report.compare import collect, time_note
 from harness.results import RunResult, atomic_write, find_sweeps, load_runs
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -46,7 +46,8 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
                 "failed": sum(r.manifest.status == "failed" for r in runs),
                 "misses": sum(len(r["misses"]) for r in rows)},
         charts=_charts(rows, runs, colors), kernels=_kernels(rows), failures=_failures(runs), hosts=_hosts(runs, rows),
-        roofline=_roofline_facts(runs, rows))
+        roofline=_roofline_facts(runs, rows), has_roofline=any(r.get("theoretical_ms") for r in rows),
+        time_note=time_note(rows))
 
 
 def write_report(paths: list[Path], output: Path, *, baseline: str | None = None) -> Path:

@@ -21,7 +21,8 @@ SGLang /health 503 while starting, 200 once "The server is fired up and ready to
 --stream-interval; tokens without text with HARNESS_SIM_EMPTY_TEXT_EVERY); SGLang /server_info,
 /model_info, /start_profile, /stop_profile and (with --enable-metrics) /metrics; vLLM /ping, /version,
 /metrics and, with a profiler configured, /start_profile and /stop_profile (one session at a time, 409
-for a second, as 0.32 has it). Traces hold each engine's step spans (vLLM 0.26/0.32
+for a second, as 0.32 has it); with `--api-key`, a 401 without `Authorization: Bearer` on the paths
+each engine guards. Traces hold each engine's step spans (vLLM 0.26/0.32
 `execute_context_...`, SGLang 0.5.23 `step[DECODE bs=8]`) and carry its file names (vLLM's `rank{g}`
 for dense models, its front end's `async_llm` file). SIGTERM and SIGINT exit at once, after flushing
 the emit log.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.sim.model import SimConfig
@@ -159,7 +159,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     add("--host")
     add("--port", type=int, default=8000)
     add("--uvicorn-log-level", default="info")
-    add("--api-key")
+    add("--api-key", nargs="+")  # a list field upstream: any of several keys is accepted
     add("--served-model-name", nargs="+")
     add("--tokenizer")
     add("--trust-remote-code", action=boolean, default=False)
@@ -308,6 +308,14 @@ def served_names(engine: str, ns: argparse.Namespace) -> tuple[str, ...]:
     if engine == "sglang":
         return (ns.served_model_name or ns.model_path,)
     return tuple(ns.served_model_name or [ns.model])
+
+
+def api_keys(engine: str, ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The keys a client may send as `Authorization: Bearer KEY`: SGLang's one `--api-key`; vLLM's
+    `--api-key` (one or more), else its VLLM_API_KEY environment variable. Empty: no key asked."""
+    if engine == "sglang":
+        return (ns.api_key,) if ns.api_key else ()
+    return tuple(k for k in (ns.api_key or [env.get("VLLM_API_KEY", "")]) if k)
 
 
 def model_path(engine: str, ns: argparse.Namespace) -> str:

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+           409: "Conflict", 500: "Internal Server Error", 503: "Service Unavailable"}
 MAX_HEADER_LINES = 100
 MAX_BODY = 64 << 20
 

@@ -1,7 +1,10 @@
 """The simulated engine's environment knobs, read once at start.
 
     HARNESS_SIM_TIME_SCALE  multiplies every simulated delay (decode steps, prefill, profiler flush);
-                            default 1 (real GLM-5 speed); the demo uses ~0.05
+                            default 1 (real GLM-5 speed); the demo uses ~0.05. The traces keep the
+                            modelled GPU's times (a 97 ms step stays 97 ms), so what a client measures
+                            is scaled and what the trace says is not: compare and the report label
+                            both (`recorded_time_scale`)
     HARNESS_SIM_STARTUP_S   wall seconds the port stays closed while "loading"; default 2 x time scale.
                             SGLang then answers 503 ("Starting") for half as long again before 200
     HARNESS_SIM_TRACE_MB    size on disk of each rank's trace file; default: as many bytes as the
@@ -101,6 +104,16 @@ def _every(env: Mapping[str, str], name: str) -> int | None:
     if value < 0:
         raise KnobError(f"{name}: must not be negative, got {raw!r}")
     return value or None
+
+
+def recorded_time_scale(env: Mapping[str, str]) -> float:
+    """The time scale a run's recorded environment gave the simulator: 1 (real speed) when unset or
+    unreadable (the simulator then refused to start, and the run has no timings to label)."""
+    try:
+        scale = _number(env, "HARNESS_SIM_TIME_SCALE")
+    except KnobError:
+        return 1.0
+    return 1.0 if scale is None else scale
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Knobs:

@@ -4,11 +4,15 @@ Phases, as the real engines go through them: "loading" (port closed: connection 
 HARNESS_SIM_STARTUP_S, then SGLang answers 503 on /health while "starting" (its warm-up generation)
 for half as long again and prints "The server is fired up and ready to roll!"; vLLM is up as soon as
 it listens. Multi-node SGLang ranks >= 1 serve only a dummy health endpoint that always says 200.
+
+With `--api-key` (vLLM: or VLLM_API_KEY) a request must carry `Authorization: Bearer KEY`, or it is
+answered 401 `{"error": "Unauthorized"}`, on the paths the real engine guards (`guarded`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import signal
 import sys
@@ -25,6 +29,28 @@ from harness.sim.profiler import Reply, SglangProfiler, VllmProfiler, sglang_ran
 
 Profiler = Union[SglangProfiler, VllmProfiler]
 NOT_FOUND = {"detail": "Not Found"}
+VLLM_GUARDED = ("/v1", "/v2", "/inference")
+"""vLLM 0.26 (entrypoints/serve/utils/server_utils.py GUARDED_PREFIX): only these paths need the key;
+/health, /ping, /metrics and the profiler endpoints do not."""
+SGLANG_OPEN = ("/health", "/ready", "/metrics")
+"""SGLang 0.5.23 (srt/utils/auth.py decide_request_auth): every path needs the key but these prefixes
+(for probes and scrapers); the profiler endpoints too, being admin-optional with no admin key set."""
+
+
+def guarded(engine: str, method: str, path: str) -> bool:
+    """Whether the engine asks for its API key on this request (OPTIONS never: CORS preflights)."""
+    if method == "OPTIONS":
+        return False
+    if engine == "sglang":
+        return not path.startswith(SGLANG_OPEN)
+    return path.startswith(VLLM_GUARDED)
+
+
+def authorized(keys: tuple[str, ...], header: str) -> bool:
+    """`Authorization: Bearer KEY` (the scheme in any case) naming one of `keys`, compared in
+    constant time as both engines do."""
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and any(hmac.compare_digest(token.encode(), k.encode()) for k in keys)
 
 
 class Log:
@@ -56,6 +82,7 @@ class SimServer:
         self.engine, self.ns, self.knobs = engine, ns, knobs
         self.model = LatencyModel(flags.sim_config(engine, ns))
         self.names = flags.served_names(engine, ns)
+        self.api_keys = flags.api_keys(engine, ns, os.environ)
         self.log = Log(engine)
         self.state = "loading"
         self.completed = 0
@@ -211,6 +238,9 @@ class SimServer:
         keep = req.keep_alive
         route = (req.method, req.path)
         sglang = self.engine == "sglang"
+        if self.api_keys and guarded(self.engine, req.method, req.path) \
+                and not authorized(self.api_keys, req.headers.get("authorization", "")):
+            return self._send(writer, 401, {"error": "Unauthorized"}, keep)
         if req.path in ("/v1/completions", "/v1/chat/completions"):
             if req.method != "POST":
                 return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)

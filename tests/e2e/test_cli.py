@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -158,3 +159,16 @@ def test_check_takes_a_playbook_and_checks_its_hosts_for_its_engine():
     run = harness("check", "playbooks/demo.yaml")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "localhost" in run.stdout and "ok" in run.stdout
+
+
+def test_an_unknown_host_key_in_check_prints_the_command_that_pins_it_whole_at_80_columns(tmp_path, ssh_inventory):
+    """In a table cell the fingerprint and the known_hosts path were cut with an ellipsis and the
+    command broken over lines; under the table each problem is one line the terminal wraps."""
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    run = harness("check", "-i", ssh_inventory(known_hosts=str(empty)), "--limit", "node1", "--engine", "sim",
+                  env={"COLUMNS": "80"})
+    assert run.returncode == 1
+    (line,) = [line for line in run.stdout.splitlines() if "ssh-keyscan" in line]
+    assert line.startswith("node1: host_key: ") and "unknown host key" in line and line.endswith(f">> {empty}")
+    assert re.search(r"SHA256:[A-Za-z0-9+/]{43}\b", line) and "…" not in run.stdout

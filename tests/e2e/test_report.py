@@ -39,7 +39,10 @@ def results(tmp_path_factory) -> Path:
                     "bytes_per_weight": 1.16, "kv_bytes_per_token": 44928},
           "server": {"port": port, "args": {"tp-size": 8, "kv-cache-dtype": "fp8_e4m3"}, "env": FAST,
                      "startup_timeout_s": 30},
-          "configs": [{"name": "tp8"}, {"name": "tp8-bf16-kv", "args": {"kv-cache-dtype": "bf16"}},
+          # a long unbroken flag value (JSON), as vLLM's --compilation-config takes: the page must wrap it
+          "configs": [{"name": "tp8", "args": {"cuda-graph-config": {"decode": {"backend": "full", "max_bs": 256,
+                                                                              "bs": list(range(1, 257, 8))}}}},
+                      {"name": "tp8-bf16-kv", "args": {"kv-cache-dtype": "bf16"}},
                       {"name": "tp8-oom", "env": {"HARNESS_SIM_FAULT": "oom_at_start"}}],
           "benchmark": {"prompt": "hello there", "max_tokens": 8, "concurrency": [1, 2], "requests": 2,
                         "warmup": 0, "timeout_s": 30},
@@ -153,3 +156,41 @@ def test_the_browser_check_would_see_a_page_that_fetches(results, tmp_path, chro
     assert harness("report", results, "-o", page).returncode == 0
     page.write_text(page.read_text().replace("</main>", '<img src="http://127.0.0.1:9/logo.png"></main>'))
     assert len(blocked_fetches(chromium("--dump-dom", page.as_uri()).stderr)) == 1
+
+
+MEASURE = """<script>
+addEventListener("load", () => {
+  const box = e => e.getBoundingClientRect();
+  const out = {viewport: document.documentElement.clientWidth, page: document.documentElement.scrollWidth,
+               tables: [...document.querySelectorAll("table")].map(t => ({
+                 section: t.closest("section").id, left: Math.floor(box(t).left), right: Math.ceil(box(t).right),
+                 room: Math.ceil(box(t.parentElement).right)}))};
+  const pre = document.createElement("pre");
+  pre.id = "measured";
+  pre.textContent = JSON.stringify(out);
+  document.body.append(pre);
+});
+</script>"""
+
+
+def measured(chromium, page: Path, width: int) -> dict:
+    """Where each table of the page lies at a window `width` px wide, from a copy of the page with a
+    script that measures it (the page itself runs none: its policy forbids scripts)."""
+    probe = page.with_name(f"measure-{width}.html")
+    html = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text())
+    probe.write_text(html.replace("</body>", MEASURE + "</body>"))
+    dom = chromium("--dump-dom", f"--window-size={width},1600", probe.as_uri())
+    found = re.search(r'<pre id="measured">([^<]*)</pre>', dom.stdout)
+    assert found, dom.stderr[-2000:]
+    return json.loads(found.group(1).replace("&quot;", '"'))
+
+
+@pytest.mark.parametrize("width", [900, 1400])
+def test_no_table_is_wider_than_the_window_or_its_section(results, tmp_path, chromium, width):
+    page = tmp_path / "report.html"
+    assert harness("report", results, "-o", page).returncode == 0
+    m = measured(chromium, page, width)
+    assert m["viewport"] <= width and len(m["tables"]) == 3   # comparison, GPU time, configurations
+    too_wide = [t for t in m["tables"] if t["right"] > t["room"] or t["right"] > m["viewport"]]
+    assert too_wide == [], f"at {width} px (viewport {m['viewport']}): {too_wide}"
+    assert m["page"] <= m["viewport"]   # nothing else makes the page scroll sideways either

@@ -6,6 +6,7 @@ engine's real launch command, real HTTP, the real profiler protocol, real files 
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -196,6 +197,31 @@ def test_a_secret_server_flag_reaches_the_engine_and_nothing_the_harness_writes(
     assert "***" in (root / "server.log").read_text()            # the engine had the real value
     for path in [p for p in (tmp_path / "r").rglob("*") if p.is_file()]:
         assert key not in path.read_text(errors="replace"), path
+    assert key not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_server_that_asks_for_its_api_key_is_waited_for_benchmarked_and_profiled_with_it(
+        tmp_path, ssh_inventory, engine):
+    """The simulated engine answers 401 without `Authorization: Bearer KEY` where the real one does
+    (all of /v1; SGLang's profiler too): the health wait, the benchmark and the profile all pass, so
+    each sent the key, and no file of the results, compressed traces included, holds it."""
+    key = "sk-" + "7c1e" * 6
+    pb = playbook(tmp_path, engine=engine, configs=[{"name": "k", "args": {"api-key": key}}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (m,) = manifests(tmp_path / "r").values()
+    assert m["status"] == "ok" and m["profile"]["status"] == "ok", m.get("error") or m["profile"]
+    root = sweep_dir(tmp_path / "r") / "runs" / "k-1"
+    bench = json.loads((root / "bench.json").read_text())
+    assert all(lv["completed"] == 4 and lv["failed"] == 0 for lv in bench["levels"])
+    log = (root / "server.log").read_text()
+    assert '"POST /v1/completions HTTP/1.1" 200' in log and " 401 " not in log
+    for path in [p for p in (tmp_path / "r").rglob("*") if p.is_file()]:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+        assert key.encode() not in data, path
     assert key not in run.stdout + run.stderr
 
 

@@ -176,3 +176,12 @@ def test_an_undefined_variable_is_said_in_words_with_what_exists(files, tmp_path
         load_sweep(pb, inv)
     assert "undefined template variable 'nope'" in str(e.value) and "dict object" not in str(e.value)
     assert "a template sees: " in str(e.value) and "model" in str(e.value)
+
+
+def test_the_api_key_clients_must_send_is_found_among_the_secrets():
+    from harness.secrets import api_key_env
+    assert api_key_env({"api-key": "EnvRef"}, {"HARNESS_ARG_API_KEY": "k"}) == "HARNESS_ARG_API_KEY"
+    assert api_key_env({"--api-key": "x"}, {"HARNESS_ARG_API_KEY": "k"}) == "HARNESS_ARG_API_KEY"
+    assert api_key_env({"api-key": None}, {}) is None            # null removes the flag
+    assert api_key_env({"tp-size": 8}, {"HF_TOKEN": "t"}) is None
+    assert api_key_env({}, {"VLLM_API_KEY": "k"}) == "VLLM_API_KEY"

@@ -52,12 +52,12 @@ class Sim:
             assert time.monotonic() < deadline, f"{text!r} never logged:\n{self.log()}"
             time.sleep(0.02)
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = DEADLINE_S
-                ) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = DEADLINE_S,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             data = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:
@@ -220,6 +220,51 @@ def test_emit_log_records_every_token_and_sigterm_flushes_it(sim, tmp_path):
     assert [r["token"] for r in rows] == list(range(6))
     assert {r["request"] for r in rows} == {events[0]["id"]}
     assert all(a["t_ns"] <= b["t_ns"] for a, b in itertools.pairwise(rows))
+
+
+# ---- API keys --------------------------------------------------------------------------------
+
+KEY = "sk-test-4e1f"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+PROMPT = {"prompt": "x", "max_tokens": 2}
+
+
+@pytest.mark.parametrize("engine,open_paths,guarded_paths", [
+    # vLLM 0.26 guards /v1, /v2 and /inference only; SGLang 0.5.23 everything but /health*, /ready*, /metrics*
+    ("vllm", ["/health", "/ping", "/version"], ["/v1/models"]),
+    ("sglang", ["/health", "/health_generate"], ["/v1/models", "/server_info", "/model_info"]),
+])
+def test_with_an_api_key_guarded_paths_answer_401_without_the_bearer_and_health_stays_open(
+        sim, engine, open_paths, guarded_paths):
+    s = sim(engine, "--api-key", KEY)
+    for path in open_paths:
+        assert s.request("GET", path)[0] == 200, path
+    for path in guarded_paths:
+        status, body = s.request("GET", path)
+        assert (status, json.loads(body)) == (401, {"error": "Unauthorized"}), path
+        assert s.request("GET", path, headers={"Authorization": "Bearer wrong"})[0] == 401, path
+        assert s.request("GET", path, headers={"Authorization": KEY})[0] == 401, path   # no scheme
+        assert s.request("GET", path, headers=BEARER)[0] == 200, path
+    assert s.request("POST", "/v1/completions", PROMPT)[0] == 401
+    assert s.request("POST", "/v1/completions", PROMPT, headers={"Authorization": f"bearer {KEY}"})[0] == 200
+
+
+def test_sglang_guards_its_profiler_and_vllm_does_not(sim, tmp_path):
+    s = sim("sglang", "--api-key", KEY)
+    assert s.request("POST", "/start_profile", {"output_dir": str(tmp_path / "a"), "num_steps": 1})[0] == 401
+    assert s.request("POST", "/start_profile", {"output_dir": str(tmp_path / "a"), "num_steps": 1},
+                     headers=BEARER)[0] == 200
+    v = sim("vllm", "--api-key", KEY, *VLLM_PROFILER, "--profiler-config.torch_profiler_dir", str(tmp_path / "v"))
+    assert v.request("POST", "/start_profile")[0] == 200
+
+
+def test_vllm_takes_several_keys_or_its_environment_variable(sim):
+    s = sim("vllm", "--api-key", "first-key", "second-key")
+    for key in ("first-key", "second-key"):
+        assert s.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"})[0] == 200
+    e = sim("vllm", env={"VLLM_API_KEY": KEY})
+    assert e.request("GET", "/v1/models")[0] == 401 and e.request("GET", "/v1/models", headers=BEARER)[0] == 200
+    assert sim("sglang", env={"VLLM_API_KEY": KEY}).request("GET", "/v1/models")[0] == 200
 
 
 # ---- flags -----------------------------------------------------------------------------------

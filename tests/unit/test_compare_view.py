@@ -1,0 +1,109 @@
+"""What compare and the report show of a results folder: the simulator's time scale labelled, the
+roofline's columns only with roofline facts, and the terminal tables within 80 columns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from harness.report import compare
+from harness.report.html import render_report
+
+GLM5 = {"path": "/models/GLM-5-NVFP4", "served_name": "glm-5", "active_params_b": 40, "bytes_per_weight": 1.16,
+        "kv_bytes_per_token": 44928}
+ANALYSIS = {"per_step_ms": 91.7, "top": [{"name": "unrolled_elementwise_kernel<direct_copy_kernel_cuda>",
+                                          "share": 0.73}],
+            "categories": {"copy": 0.73, "communication": 0.07, "moe": 0.07, "norm": 0.04, "elementwise": 0.03}}
+
+
+def level(concurrency: int, itl: float) -> dict:
+    return {"concurrency": concurrency, "requests": 8, "completed": 8, "failed": 0, "output_tok_s": 1000 / itl,
+            "ttft_ms": {"p50": 2 * itl}, "itl_ms": {"p50": itl, "p99": 1.5 * itl}, "tpot_ms": {"p50": itl}}
+
+
+def write_sweep(root: Path, *, engine: str = "sim", env: dict | None = None, model: dict | None = None,
+                configs: tuple[str, ...] = ("tp8", "tp8-no-cuda-graph-and-a-long-name")) -> Path:
+    """A results folder as a sweep leaves it: per run a manifest, bench.json and analysis.json."""
+    sweep = root / "demo-1"
+    sweep.mkdir(parents=True)
+    (sweep / "sweep.json").write_text(json.dumps({"runs": [{"run_id": f"{name}-1"} for name in configs]}))
+    for i, name in enumerate(configs):
+        run = sweep / "runs" / f"{name}-1"
+        run.mkdir(parents=True)
+        manifest = {"run_id": f"{name}-1", "status": "ok", "engine": engine, "host": {"name": "h", "gpus": 8,
+                                                                                     "gpu": "RTX PRO 6000 Blackwell"},
+                    "config": {"name": name, "env": env or {}}, "model": model or {"path": "/m"}, "gpus_used": 8}
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        (run / "bench.json").write_text(json.dumps({"prompt_tokens": 16,
+                                                    "levels": [level(1, 4.7 + i), level(8, 5.8 + i)]}))
+        (run / "analysis.json").write_text(json.dumps(ANALYSIS))
+    return sweep
+
+
+def shown(renderable, width: int = 80) -> str:
+    console = Console(record=True, width=width)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_a_fast_simulator_labels_its_latencies_as_its_wall_clock_and_its_gpu_time_as_modelled(tmp_path):
+    rows = compare.collect([write_sweep(tmp_path, env={"HARNESS_SIM_TIME_SCALE": "0.05"})])
+    assert {r["time_scale"] for r in rows} == {0.05}
+    table = " ".join(shown(compare.table(rows)).split())
+    assert "simulated engine at time scale 0.05: 20x faster than the GPUs it models" in table
+    assert "Latencies and tok/s are its wall clock" in table and "GPU time of the modelled GPUs by category" in table
+    assert "20x faster" in compare.as_markdown(rows)
+    assert "20x faster" in render_report([tmp_path])
+
+
+@pytest.mark.parametrize("engine,env", [("sim", {}), ("sim", {"HARNESS_SIM_TIME_SCALE": "1"}),
+                                        ("vllm", {"HARNESS_SIM_TIME_SCALE": "0.05"})])
+def test_real_speed_and_real_engines_carry_no_scale_note(tmp_path, engine, env):
+    rows = compare.collect([write_sweep(tmp_path, engine=engine, env=env)])
+    assert {r["time_scale"] for r in rows} == {1.0} and compare.time_note(rows) is None
+    assert "time scale" not in shown(compare.table(rows)) + compare.as_markdown(rows) + render_report([tmp_path])
+
+
+def test_configurations_at_different_scales_are_named_with_theirs(tmp_path):
+    rows = compare.collect([write_sweep(tmp_path, env={"HARNESS_SIM_TIME_SCALE": "0.05"}, configs=("a",)),
+                            write_sweep(tmp_path / "other", env={"HARNESS_SIM_TIME_SCALE": "0.5"}, configs=("b",))])
+    assert compare.time_note(rows).startswith("simulated engine at different time scales (a 0.05, b 0.5)")
+
+
+def test_without_roofline_facts_no_view_shows_empty_roofline_columns(tmp_path):
+    rows = compare.collect([write_sweep(tmp_path)])
+    assert all(r["theoretical_ms"] is None for r in rows)
+    assert "roof" not in shown(compare.table(rows)) and "eff =" not in shown(compare.table(rows))
+    assert "roofline" not in compare.as_markdown(rows) and "efficiency" not in compare.as_markdown(rows)
+    page = render_report([tmp_path])
+    assert "roofline<br>ms" not in page and "Efficiency =" not in page
+    assert "theoretical_ms" in compare.as_csv(rows).splitlines()[0]   # csv keeps its columns for scripts
+
+
+def test_with_roofline_facts_every_view_shows_them(tmp_path):
+    rows = compare.collect([write_sweep(tmp_path / "r", model=GLM5)])
+    assert rows[0]["theoretical_ms"] == pytest.approx(3.24, abs=0.005)
+    assert "roof" in shown(compare.table(rows)) and "| roofline ms | efficiency |" in compare.as_markdown(rows)
+    page = render_report([tmp_path / "r"])
+    assert "roofline<br>ms" in page and "Efficiency =" in page and "3.24" in page
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_tables_fit_the_terminal_and_cut_no_cell(tmp_path, width):
+    rows = compare.collect([write_sweep(tmp_path, env={"HARNESS_SIM_TIME_SCALE": "0.05"})])
+    text = shown(compare.table(rows), width)
+    assert max(map(len, text.splitlines())) <= width
+    assert "…" not in text   # a cut cell or header ends in an ellipsis
+    assert "73% +0" in text and "copy" in text and "+21%" in text
+    name = "tp8-no-cuda-graph-and-a-long-name"   # whole on one line, or wrapped: never cut
+    assert name in text or (name[:20] in text and "name" in text)
+
+
+def test_a_narrow_terminal_drops_the_smallest_categories_rather_than_cutting_them(tmp_path):
+    rows = compare.collect([write_sweep(tmp_path)])
+    wide, narrow = shown(compare.table(rows), 120), shown(compare.table(rows), 62)
+    assert "norm" in wide and "norm" not in narrow and "copy" in narrow
+    assert "…" not in narrow
