@@ -118,7 +118,7 @@ class RunManifest(Versioned):
     (skipped, or no host could take it) has the first block only."""
     schema_: str = Field("harness.run/1", alias="schema")
     run_id: str
-    sweep_id: str
+    sweep_id: str = ""
     config: ConfigRecord
     repeat: int | None = None
     host: HostRecord = Field(default_factory=HostRecord)
@@ -158,7 +158,7 @@ class RunManifest(Versioned):
 
 class SweepRun(Record):
     run_id: str
-    config: str
+    config: str = ""
     hosts: list[str] = Field(default_factory=list)
     inputs: dict[str, Any] | None = None         # what the run measures, for --resume to compare
     fingerprint: str | None = None
@@ -166,7 +166,7 @@ class SweepRun(Record):
 
 class SweepRecord(Versioned):
     schema_: str = Field("harness.sweep/1", alias="schema")
-    sweep_id: str
+    sweep_id: str = ""
     harness_version: str | None = None
     playbook_path: str | None = None
     playbook: dict[str, Any] = Field(default_factory=dict)
