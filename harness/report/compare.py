@@ -162,9 +162,10 @@ def _analysis(runs: Sequence[Sample]) -> dict | None:
         if a is None or not a.top:
             continue  # not profiled, or a trace with no GPU kernels (a CPU run): nothing to rank
         scope, stage = a.decode_scope()
-        return {"stage": stage or None, "categories": scope.categories,
+        return {"stage": stage or None, "categories": scope.categories, "category_ms": scope.category_ms,
                 "top": [k.model_dump(exclude_none=True) for k in scope.top[:3]],
-                "shares": {k.name: k.share for k in scope.top}, "per_step_ms": a.per_step_ms}
+                "shares": {k.name: k.share for k in scope.top}, "per_step_ms": a.per_step_ms,
+                "idle_ms": a.idle_ms_per_step(scope)}
     return None
 
 
@@ -252,21 +253,34 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
     cats = sorted({c for a in per_config.values() for c in a["categories"]},
                   key=lambda c: -max(a["categories"].get(c, 0) for a in per_config.values()))[:4]
     modelled = " of the modelled GPUs" if time_note(rows) else ""
-    title = f"GPU time{modelled} by category" + (f" (points vs {baseline})" if ref else "")
+    title = (f"GPU time{modelled} a step by category, ms" + (f" (change in ms vs {baseline})" if ref else "")
+             + "; idle: no kernel running")
+
+    def ms(a: dict, c: str) -> float | None:
+        """Kernel ms a step of category `c` (from its share, for an analysis written without category_ms)."""
+        if a.get("category_ms"):
+            return a["category_ms"].get(c, 0.0)
+        return a["categories"].get(c, 0.0) * a["per_step_ms"] if a.get("per_step_ms") is not None else None
+
+    def change(value: float | None, ref_value: float | None, name: str) -> str:
+        if not ref or name == baseline or value is None or ref_value is None:
+            return ""
+        return f" {value - ref_value:+.2f}"
 
     def categories(shown: list[str]) -> Table:
         t = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
         t.add_column("config", overflow="fold")
         t.add_column("steps", no_wrap=True)
         t.add_column("GPU\nms/step", justify="right", no_wrap=True)
+        t.add_column("idle\nms/step", justify="right", no_wrap=True)
         for c in shown:
             t.add_column(CATEGORY_LABELS.get(c, c), justify="right", no_wrap=True)
         for name, a in per_config.items():
-            cells = [name, a.get("stage") or "all", _fmt(a.get("per_step_ms"))]
+            cells = [name, a.get("stage") or "all",
+                     _ms(a.get("per_step_ms")) + change(a.get("per_step_ms"), (ref or {}).get("per_step_ms"), name),
+                     _ms(a.get("idle_ms")) + change(a.get("idle_ms"), (ref or {}).get("idle_ms"), name)]
             for c in shown:
-                share = a["categories"].get(c, 0)
-                moved = "" if not ref or name == baseline else f" {(share - ref['categories'].get(c, 0)) * 100:+.0f}"
-                cells.append(f"{share * 100:.0f}%{moved}")
+                cells.append(_ms(ms(a, c)) + change(ms(a, c), ms(ref, c) if ref else None, name))
             t.add_row(*cells)
         return t
 
@@ -285,6 +299,11 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
                       end_section=i == len(a["top"]) - 1)
     give = max(0, max(map(len, per_config)) - 18)   # a longer name wraps at 18
     return Group(_Widest(*(categories(cats[:n]) for n in range(len(cats), 0, -1)), give=give), k)
+
+
+def _ms(value: float | None) -> str:
+    """Milliseconds a step, to the hundredth (a step is often a few ms)."""
+    return "-" if value is None else f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.2f}"
 
 
 def _baseline(rows: list[dict], name: str | None) -> list[dict]:

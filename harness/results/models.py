@@ -263,11 +263,12 @@ class Kernel(Record):
 class Scope(Record):
     """The kernels of a trace, or of one stage of it (the decode steps)."""
     steps: int | None = None
-    per_step_ms: float | None = None
+    per_step_ms: float | None = None             # GPU kernel time a step
+    step_ms: float | None = None                 # wall time a step (a stage of marked steps)
     total_gpu_ms: float | None = None
     top: list[Kernel] = Field(default_factory=list)
-    categories: dict[str, float] = Field(default_factory=dict)
-    category_ms: dict[str, float] = Field(default_factory=dict)
+    categories: dict[str, float] = Field(default_factory=dict)   # shares of the kernel time
+    category_ms: dict[str, float] = Field(default_factory=dict)  # kernel ms a step
 
 
 class AnalysisFile(Versioned, Scope):
@@ -279,6 +280,13 @@ class AnalysisFile(Versioned, Scope):
     stages: dict[str, Scope] = Field(default_factory=dict)
     ranks: list[dict[str, Any]] = Field(default_factory=list)
     rank_spread: dict[str, Any] | None = None
+
+    def idle_ms_per_step(self, scope: Scope) -> float | None:
+        """GPU time a step with no kernel running: a marked stage's wall time less its kernel time, else
+        the whole trace's idle time over its steps."""
+        if scope is not self:
+            return max(0.0, scope.step_ms - scope.per_step_ms) if scope.step_ms and scope.per_step_ms else None
+        return self.gpu_idle_ms / self.steps if self.gpu_idle_ms is not None and self.steps else None
 
     def decode_scope(self) -> tuple[Scope, str]:
         """The decode stage's figures and "decode" when the trace marks decode steps that ran kernels,

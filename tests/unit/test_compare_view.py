@@ -54,7 +54,8 @@ def test_a_fast_simulator_labels_its_latencies_as_its_wall_clock_and_its_gpu_tim
     assert {r["time_scale"] for r in rows} == {0.05}
     table = " ".join(shown(compare.table(rows)).split())
     assert "simulated engine at time scale 0.05: 20x faster than the GPUs it models" in table
-    assert "Latencies and tok/s are its wall clock" in table and "GPU time of the modelled GPUs by category" in table
+    assert "Latencies and tok/s are its wall clock" in table
+    assert "GPU time of the modelled GPUs a step by category, ms" in table
     assert "20x faster" in compare.as_markdown(rows)
     assert "20x faster" in render_report([tmp_path])
 
@@ -107,3 +108,18 @@ def test_a_narrow_terminal_drops_the_smallest_categories_rather_than_cutting_the
     wide, narrow = shown(compare.table(rows), 120), shown(compare.table(rows), 62)
     assert "norm" in wide and "norm" not in narrow and "copy" in narrow
     assert "…" not in narrow
+
+
+def test_gpu_time_shows_milliseconds_a_step_and_their_change_so_a_share_that_moves_alone_is_seen(tmp_path):
+    """Attention's share falls from 50% to 25% while its kernels take the same 5 ms a step: GEMM grew."""
+    sweep = write_sweep(tmp_path, engine="vllm", configs=("base", "other"))
+    for name, per_step, cats in (("base", 10.0, {"gemm": 0.5, "attention": 0.5}),
+                                 ("other", 20.0, {"gemm": 0.75, "attention": 0.25})):
+        (sweep / "runs" / f"{name}-1" / "analysis.json").write_text(json.dumps(
+            {"per_step_ms": per_step, "steps": 10, "gpu_idle_ms": 30.0, "categories": cats,
+             "category_ms": {c: share * per_step for c, share in cats.items()},
+             "top": [{"name": "nvjet_tst_128x64", "share": 0.5}]}))
+    text = shown(compare.table(compare.collect([sweep], baseline="base")), width=120)
+    other = next(line for line in text.splitlines() if line.split()[:2] == ["other", "all"])
+    assert other.split()[2:] == ["20.00", "+10.00", "3.00", "+0.00", "15.00", "+10.00", "5.00", "+0.00"]
+    assert "idle: no kernel running" in " ".join(text.split())

@@ -184,8 +184,10 @@ def test_the_views_show_the_decode_steps_and_say_so(tmp_path, analyzed):
     manifest = RunManifest(run_id="graphs-0001", sweep_id="s", config={"name": "graphs"}, status="ok")
     row = compare._analysis([compare.Sample(RunResult(RunLayout(run), manifest, None), None)])
     decode = result["stages"]["decode"]
-    assert row == {"stage": "decode", "categories": decode["categories"], "top": decode["top"][:3],
-                   "shares": {k["name"]: k["share"] for k in decode["top"]}, "per_step_ms": decode["per_step_ms"]}
+    assert row == {"stage": "decode", "categories": decode["categories"], "category_ms": decode["category_ms"],
+                   "top": decode["top"][:3], "shares": {k["name"]: k["share"] for k in decode["top"]},
+                   "per_step_ms": decode["per_step_ms"],
+                   "idle_ms": pytest.approx(decode["step_ms"] - decode["per_step_ms"])}
     console.print(compare._kernel_table([{"config": "graphs", "analysis": row}], None))
     assert "decode" in console.export_text().split("GPU time by category")[-1]
 
