@@ -284,12 +284,16 @@ def analyze(path: Path, top: Annotated[int, typer.Option(help="kernels to show")
 @app.command()
 @exits
 def compare(results: list[Path],
-            baseline: Annotated[str | None, typer.Option(help="configuration to compare against")] = None,
-            format: Annotated[str, typer.Option(help="table, json, csv or markdown")] = "table"):
+            baseline: Annotated[str | None, typer.Option(help="configuration to compare against (with --by "
+                                                         "sweep: the sweep)")] = None,
+            format: Annotated[str, typer.Option(help="table, json, csv or markdown")] = "table",
+            by: Annotated[str, typer.Option(help="config: one row a configuration, its runs pooled over every "
+                                            "sweep given; sweep: each sweep's apart, against the first "
+                                            "(before and after an upgrade)")] = "config"):
     """Configurations side by side, from results directories alone; exit 1 when a reference is missed."""
     from harness.report import compare as cmp
 
-    rows = cmp.collect(results, baseline=baseline)
+    rows = cmp.collect(results, baseline=baseline, by=by)
     if format == "table":
         out.print(cmp.table(rows))
     elif format in ("json", "csv", "markdown"):

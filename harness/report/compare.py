@@ -61,27 +61,69 @@ class Sample:
         return self.run.manifest
 
 
-def collect(paths: list[Path], *, baseline: str | None = None) -> list[dict]:
-    """One row per (configuration, concurrency); failed runs get a row with their error. Deltas are
-    against `baseline` (default: the first configuration); misses against the sweeps' references."""
+BY = ("config", "sweep")
+"""How compare pools runs: by configuration across every sweep given (repeats and sweeps become one
+median), or by sweep (each sweep's configurations apart: before and after an engine upgrade)."""
+
+
+def collect(paths: list[Path], *, baseline: str | None = None, by: str = "config") -> list[dict]:
+    """One row per (configuration, concurrency), or per (sweep, configuration, concurrency) with
+    `by="sweep"`; failed runs get a row with their error. Deltas are against `baseline`: a
+    configuration (default: the first), or with `by="sweep"` a sweep (default: the first), whose row
+    of the same configuration and level each row is compared with. Misses: against the sweeps'
+    references."""
+    if by not in BY:
+        raise InputError(f"unknown --by {by!r}: {' or '.join(BY)}", key="--by")
     sweeps = [s for p in paths for s in find_sweeps(p)]
     if not sweeps:
         raise InputError("no sweep results here (expected sweep.json or runs/*/manifest.json)",
                          file=", ".join(map(str, paths)))
-    groups: dict[tuple[str, int | None], list[Sample]] = {}
+    groups: dict[tuple[str | None, str, int | None], list[Sample]] = {}
+    labels = _sweep_labels(sweeps)
     for sweep_dir in sweeps:
+        label = labels[sweep_dir] if by == "sweep" else None
         for run in load_runs(sweep_dir):
             levels: list[BenchLevel | None] = [*run.levels] or [None]
             for level in levels:
-                key = (run.manifest.config.name, level.concurrency if level else None)
+                key = (label, run.manifest.config.name, level.concurrency if level else None)
                 groups.setdefault(key, []).append(Sample(run, level))
-    rows = [_row(name, conc, samples) for (name, conc), samples in groups.items()]
-    _deltas(rows, baseline)
+    rows = [_row(name, conc, samples) | {"sweep": label} for (label, name, conc), samples in groups.items()]
     misses = check_references(rows, references_of(sweeps))
     for row in rows:
-        row["misses"] = [m.as_dict() for m in misses
-                         if (m.config, m.concurrency) == (row["config"], row["concurrency"])]
+        row["misses"] = [m.as_dict() for m in misses if (m.config, m.concurrency) == (row["config"], row["concurrency"])
+                         and (row["sweep"] is None or m.config == row["config"])]
+    if by == "sweep":
+        _deltas_by_sweep(rows, baseline)
+    else:
+        _deltas(rows, baseline)
     return rows
+
+
+def _sweep_labels(sweeps: list[Path]) -> dict[Path, str]:
+    """A sweep by its folder's name, or with the folder above it when two share a name (a colleague's
+    copy of the same sweep)."""
+    names = [s.name for s in sweeps]
+    return {s: s.name if names.count(s.name) == 1 else f"{s.parent.name}/{s.name}" for s in sweeps}
+
+
+def _deltas_by_sweep(rows: list[dict], sweep: str | None) -> None:
+    """Each row against the same configuration at the same level in the baseline sweep; rows are then
+    named `configuration @ sweep`."""
+    sweeps = list(dict.fromkeys(r["sweep"] for r in rows))
+    base = sweep or (sweeps[0] if sweeps else None)
+    if base is not None and base not in sweeps:
+        raise InputError(f"no sweep named {base!r} (have: {', '.join(sweeps)})", key="--baseline")
+    ref = {(r["config"], r["concurrency"]): r for r in rows if r["sweep"] == base}
+    for row in rows:
+        other = ref.get((row["config"], row["concurrency"])) or {}
+        row["itl_vs_baseline"] = _change(row.get("itl_ms_p50"), other.get("itl_ms_p50"))
+        row["tok_s_vs_baseline"] = _change(row.get("output_tok_s"), other.get("output_tok_s"))
+    for row in rows:
+        row["configuration"] = row["config"]
+        row["config"] = f"{row['config']} @ {row['sweep']}"
+    for row in rows:
+        paired = ref.get((row["configuration"], row["concurrency"]))
+        row["baseline"] = paired["config"] if paired else None
 
 
 def _row(config: str, concurrency: int | None, runs: list[Sample]) -> dict:
@@ -179,6 +221,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
     """The metrics per configuration and level with the roofline and the baseline deltas, the failures
     and reference misses, then where each configuration's GPU time went."""
     base = next((r["baseline"] for r in rows if r.get("baseline")), None)
+    if base and any(r.get("sweep") for r in rows):
+        base = f"the same configuration @ {base.split(' @ ')[-1]}"
     roofline = any(r.get("theoretical_ms") for r in rows)
     notes = ["latencies in ms"] + [f"Δ vs {base}"] * bool(base) + ["eff = roofline / ITL p50"] * roofline
     t = Table(title=f"{title} ({', '.join(notes)})", header_style="bold",
@@ -249,23 +293,29 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
     per_config = {r["config"]: r["analysis"] for r in rows if r.get("analysis")}
     if not per_config:
         return None
-    ref = per_config.get(baseline) if baseline else None
+    # each configuration's reference: the baseline configuration, or itself in the baseline sweep
+    refs = {r["config"]: per_config.get(r.get("baseline") or "") for r in rows if r.get("analysis")}
+    refs = {name: ref if ref is not a else None for name, a in per_config.items() if (ref := refs.get(name))}
+    against = baseline
+    if any(r.get("sweep") for r in rows):
+        base_sweep = next((r["baseline"].split(" @ ")[-1] for r in rows if r.get("baseline")), None)
+        against = f"the same configuration @ {base_sweep}" if base_sweep else None
     cats = sorted({c for a in per_config.values() for c in a["categories"]},
                   key=lambda c: -max(a["categories"].get(c, 0) for a in per_config.values()))[:4]
     modelled = " of the modelled GPUs" if time_note(rows) else ""
-    title = (f"GPU time{modelled} a step by category, ms" + (f" (change in ms vs {baseline})" if ref else "")
+    title = (f"GPU time{modelled} a step by category, ms" + (f" (change in ms vs {against})" if refs else "")
              + "; idle: no kernel running")
 
-    def ms(a: dict, c: str) -> float | None:
+    def ms(a: dict | None, c: str) -> float | None:
         """Kernel ms a step of category `c` (from its share, for an analysis written without category_ms)."""
+        if a is None:
+            return None
         if a.get("category_ms"):
             return a["category_ms"].get(c, 0.0)
         return a["categories"].get(c, 0.0) * a["per_step_ms"] if a.get("per_step_ms") is not None else None
 
-    def change(value: float | None, ref_value: float | None, name: str) -> str:
-        if not ref or name == baseline or value is None or ref_value is None:
-            return ""
-        return f" {value - ref_value:+.2f}"
+    def change(value: float | None, ref_value: float | None) -> str:
+        return "" if value is None or ref_value is None else f" {value - ref_value:+.2f}"
 
     def categories(shown: list[str]) -> Table:
         t = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
@@ -276,23 +326,24 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
         for c in shown:
             t.add_column(CATEGORY_LABELS.get(c, c), justify="right", no_wrap=True)
         for name, a in per_config.items():
+            ref = refs.get(name) or {}
             cells = [name, a.get("stage") or "all",
-                     _ms(a.get("per_step_ms")) + change(a.get("per_step_ms"), (ref or {}).get("per_step_ms"), name),
-                     _ms(a.get("idle_ms")) + change(a.get("idle_ms"), (ref or {}).get("idle_ms"), name)]
+                     _ms(a.get("per_step_ms")) + change(a.get("per_step_ms"), ref.get("per_step_ms")),
+                     _ms(a.get("idle_ms")) + change(a.get("idle_ms"), ref.get("idle_ms"))]
             for c in shown:
-                cells.append(_ms(ms(a, c)) + change(ms(a, c), ms(ref, c) if ref else None, name))
+                cells.append(_ms(ms(a, c)) + change(ms(a, c), ms(ref or None, c)))
             t.add_row(*cells)
         return t
 
-    k = Table(title=f"top kernels (share of those steps' kernel time{f', points vs {baseline}' if ref else ''})",
+    k = Table(title=f"top kernels (share of those steps' kernel time{f', points vs {against}' if refs else ''})",
               header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
     k.add_column("config", overflow="fold", min_width=min(18, max(map(len, per_config))))
     k.add_column("share", justify="right", no_wrap=True, min_width=9)
     k.add_column("kernel", overflow="fold", max_width=72)   # wrapped, never cut: its end tells kernels apart
-    ref_share = (ref or {}).get("shares") or {}
     for name, a in per_config.items():
+        ref_share = (refs.get(name) or {}).get("shares")
         for i, kernel in enumerate(a["top"]):
-            moved = ("" if not ref or name == baseline else
+            moved = ("" if ref_share is None else
                      f" {(kernel['share'] - ref_share[kernel['name']]) * 100:+.0f}" if kernel["name"] in ref_share
                      else " new")   # not among the baseline's top kernels
             k.add_row(name if i == 0 else "", f"{kernel['share'] * 100:.0f}%{moved}", short_name(kernel["name"]),

@@ -123,3 +123,38 @@ def test_gpu_time_shows_milliseconds_a_step_and_their_change_so_a_share_that_mov
     other = next(line for line in text.splitlines() if line.split()[:2] == ["other", "all"])
     assert other.split()[2:] == ["20.00", "+10.00", "3.00", "+0.00", "15.00", "+10.00", "5.00", "+0.00"]
     assert "idle: no kernel running" in " ".join(text.split())
+
+
+def test_two_sweeps_side_by_side_each_configuration_against_itself_in_the_first(tmp_path):
+    before = write_sweep(tmp_path / "before", engine="vllm", configs=("eager", "graphs"))
+    after = write_sweep(tmp_path / "after", engine="vllm", configs=("eager", "graphs"))
+    for name, itl in (("eager", 2.35), ("graphs", 2.85)):   # the upgrade halved ITL at one stream
+        bench = after / "runs" / f"{name}-1" / "bench.json"
+        data = json.loads(bench.read_text())
+        data["levels"][0] = level(1, itl)
+        bench.write_text(json.dumps(data))
+    pooled = compare.collect([before, after])
+    assert len(pooled) == 4                                  # by configuration: the two sweeps pooled
+    rows = compare.collect([before, after], by="sweep")
+    by = {(r["configuration"], r["sweep"], r["concurrency"]): r for r in rows}
+    assert len(rows) == 8 and by[("eager", "after/demo-1", 1)]["config"] == "eager @ after/demo-1"
+    assert by[("eager", "after/demo-1", 1)]["itl_vs_baseline"] == pytest.approx(-0.5)
+    assert by[("graphs", "after/demo-1", 1)]["itl_vs_baseline"] == pytest.approx(-0.5)
+    assert by[("graphs", "after/demo-1", 8)]["itl_vs_baseline"] == pytest.approx(0)
+    assert by[("graphs", "before/demo-1", 1)]["itl_vs_baseline"] == pytest.approx(0)
+    text = " ".join(shown(compare.table(rows), width=120).split())
+    assert "Δ vs the same configuration @ before/demo-1" in text
+    with pytest.raises(Exception, match="no sweep named 'nope'"):
+        compare.collect([before, after], by="sweep", baseline="nope")
+
+
+def test_harness_compare_by_sweep_on_the_command_line(tmp_path):
+    from tests.conftest import harness
+    before = write_sweep(tmp_path / "before", engine="vllm", configs=("eager",))
+    after = write_sweep(tmp_path / "after", engine="vllm", configs=("eager",))
+    done = harness("compare", before, after, "--by", "sweep", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    labels = [r["config"] for r in json.loads(done.stdout)]
+    assert labels == ["eager @ before/demo-1"] * 2 + ["eager @ after/demo-1"] * 2
+    wrong = harness("compare", before, after, "--by", "host")
+    assert wrong.returncode == 2 and "unknown --by 'host': config or sweep" in wrong.stderr
