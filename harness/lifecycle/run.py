@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,9 @@ from harness.lifecycle.server import launch, teardown, wait_healthy
 from harness.plan import SECRETS_FILE
 from harness.render import BUILTIN_TEMPLATES
 from harness.results import atomic_write, write_json
+from harness.transport.tarpull import TooLarge
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
-LOCAL_RESERVE = 256 * 2**20   # never fill the local disk to the last byte: the journal must still fit
 
 
 def execute(ctx: RunContext) -> dict:
@@ -84,14 +83,15 @@ def _teardown(ctx: RunContext) -> None:
 def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None:
     max_mb = ctx.sweep.playbook.profile.max_mb
     try:
-        with ctx.phase("collect"):
-            _room_for(ctx)
+        with ctx.phase("collect"):   # the pull itself refuses what the local disk cannot hold
             pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600, exclude=(SECRETS_FILE,),
                                         max_bytes=int(max_mb * 1e6) if max_mb else None)
         ctx.record["collected"] = {"files": pulled.files, "bytes": pulled.bytes, "sha256": pulled.sha256,
                                    "skipped": list(pulled.skipped)}
         _redact_texts(ctx)
     except HarnessError as e:
+        if isinstance(e, TooLarge) and not max_mb:
+            e.message += ", or cap the profile with profile.max_mb"
         if error is None:   # whatever broke the pull (a timeout, a lost link), the run failed collecting
             if e.kind is Kind.COLLECT:
                 return e
@@ -116,16 +116,6 @@ def _redact_texts(ctx: RunContext) -> None:
             masked = redact.text(text)
             if masked != text:
                 atomic_write(path, masked.encode(errors="surrogateescape"))
-
-
-def _room_for(ctx: RunContext) -> None:
-    """Refuse a pull the local disk cannot hold, before it fills the disk (traces can be many GB)."""
-    size = ctx.sh(f"du -sb {shlex.quote(ctx.paths.root)} 2>/dev/null | cut -f1", timeout=300, check=False).stdout
-    free = shutil.disk_usage(ctx.local_dir).free
-    if size.strip().isdigit() and int(size) > free - LOCAL_RESERVE:
-        raise ctx.fail("collect", f"the run's files on {ctx.host.name} take {int(size) / 1e9:.2f} GB and "
-                       f"{ctx.local_dir} has {free / 1e9:.2f} GB free: make room, or cap the profile with "
-                       "profile.max_mb")
 
 
 def _analyze(local_dir: Path, profile_record: dict | None) -> dict | None:
