@@ -263,7 +263,8 @@ class Staging:
             pulled = staging.commit()   # only now does anything appear under local_dir
 
     Files are hashed as they are written, while the next bytes are still on the wire: hashing them
-    again after the stream ended took a fifth of a pull's time (benchmarks/README.md).
+    again after the stream ended took a fifth of a pull's time (benchmarks/README.md). Each is
+    fsynced by a thread of its own while the next one streams in; `extract` returns once all are.
     """
 
     def __init__(self, local_dir: Path, *, label: str, max_bytes: int | None = None):
