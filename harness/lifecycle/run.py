@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +28,9 @@ from harness.plan import RunSpec, Sweep
 from harness.render import BUILTIN_TEMPLATES
 from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomic_write, write_json, write_model
 from harness.results.models import AnalysisRef, Collected
+from harness.transport.tarpull import TooLarge
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
-LOCAL_RESERVE = 256 * 2**20   # never fill the local disk to the last byte: the journal must still fit
 
 
 def execute(ctx: RunContext) -> RunManifest:
@@ -117,14 +116,18 @@ def _teardown(ctx: RunContext) -> None:
 def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None:
     max_mb = ctx.sweep.playbook.profile.max_mb
     try:
-        with ctx.phase("collect"):
-            _room_for(ctx)
+        with ctx.phase("collect"):   # the pull itself refuses what the local disk cannot hold
             pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600, exclude=(RunFiles.SECRETS,),
                                         max_bytes=int(max_mb * 1e6) if max_mb else None)
         ctx.found.collected = Collected(files=pulled.files, bytes=pulled.bytes, sha256=pulled.sha256,
                                         skipped=list(pulled.skipped))
         _redact_texts(ctx)
     except HarnessError as e:
+        if isinstance(e, TooLarge) and not max_mb:
+            hinted = RemoteError(f"{e.message}, or cap the profile with profile.max_mb", kind=Kind.COLLECT,
+                                 output=getattr(e, "output", ""))
+            hinted.__cause__ = e
+            e = hinted
         if error is None:   # whatever broke the pull (a timeout, a lost link), the run failed collecting
             if e.kind is Kind.COLLECT:
                 return e
@@ -149,16 +152,6 @@ def _redact_texts(ctx: RunContext) -> None:
             masked = redact.text(text)
             if masked != text:
                 atomic_write(path, masked.encode(errors="surrogateescape"))
-
-
-def _room_for(ctx: RunContext) -> None:
-    """Refuse a pull the local disk cannot hold, before it fills the disk (traces can be many GB)."""
-    size = ctx.sh(f"du -sb {shlex.quote(ctx.paths.root)} 2>/dev/null | cut -f1", timeout=300, check=False).stdout
-    free = shutil.disk_usage(ctx.local_dir).free
-    if size.strip().isdigit() and int(size) > free - LOCAL_RESERVE:
-        raise ctx.fail("collect", f"the run's files on {ctx.host.name} take {int(size) / 1e9:.2f} GB and "
-                       f"{ctx.local_dir} has {free / 1e9:.2f} GB free: make room, or cap the profile with "
-                       "profile.max_mb")
 
 
 def _nsys_reports(layout: RunLayout, record: dict) -> dict:

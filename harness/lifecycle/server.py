@@ -14,6 +14,7 @@ import shlex
 from harness.lifecycle.context import RunContext
 from harness.secrets import api_key_env
 
+HEALTH_POLL_S = 0.1   # the agent asks the engine's health URL this often while it starts (on the host itself)
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|Cannot allocate memory", re.I)
 
 
@@ -38,7 +39,7 @@ def launch(ctx: RunContext) -> int:
                "bash launch.sh >server.log 2>&1 </dev/null; "
                "echo $? >server.exit' >/dev/null 2>&1 </dev/null & } && "
                f"{{ setsid {watch} >watchdog.log 2>&1 </dev/null & }} && "
-               "for _ in $(seq 100); do [ -s server.pid ] && break; sleep 0.05; done; cat server.pid")
+               "for _ in $(seq 500); do [ -s server.pid ] && break; sleep 0.01; done; cat server.pid")
     out = ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode()).stdout
     lines = out.strip().splitlines()
     words = lines[-1].split() if lines else []
@@ -77,7 +78,7 @@ def wait_healthy(ctx: RunContext) -> float:
     health = ctx.base_url + (pb.server.health_path or ctx.sweep.engine.health_path)
     answer = agent_with_key(ctx, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
                             f"{paths.root}/server.exit", "--log", paths.log, "--timeout", timeout,
-                            timeout=timeout + 120)
+                            "--interval", HEALTH_POLL_S, timeout=timeout + 120)
     if answer["status"] == "healthy":
         return answer["seconds"]
     log = answer.get("log_tail", "")

@@ -265,6 +265,12 @@ def cmd_wait(a) -> int:
         time.sleep(a.interval)
 
 
+def _pause(waited: float) -> float:
+    """The next poll's sleep: short at first (a signalled process or a closing port is usually gone
+    within milliseconds), then at most 0.1 s."""
+    return min(0.1, 0.005 + waited)
+
+
 def stop_group(pgid: int | None, timeout: float) -> str | None:
     """SIGTERM the process group, SIGKILL what is left after half the timeout; the last signal sent."""
     sent = None
@@ -276,9 +282,9 @@ def stop_group(pgid: int | None, timeout: float) -> str | None:
         except ProcessLookupError:
             break
         sent = sig.name
-        deadline = time.monotonic() + timeout / 2
-        while time.monotonic() < deadline and group_alive(pgid):
-            time.sleep(0.1)
+        started = time.monotonic()
+        while time.monotonic() < started + timeout / 2 and group_alive(pgid):
+            time.sleep(_pause(time.monotonic() - started))
         if not group_alive(pgid):
             break
     return sent
@@ -289,9 +295,9 @@ def cmd_stop(a) -> int:
     out: dict = {"pid": pid, "was_running": bool(pid and group_alive(pid))}
     out["signal"] = stop_group(pid, a.timeout)
     stop_group(read_pid(os.path.join(os.path.dirname(a.pid_file), "watchdog.pid")), 5)
-    deadline = time.monotonic() + a.timeout
-    while port_open(a.bind, a.port) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    started = time.monotonic()
+    while port_open(a.bind, a.port) and time.monotonic() < started + a.timeout:
+        time.sleep(2 * _pause(time.monotonic() - started))
     out["group_alive"] = bool(pid and group_alive(pid))
     if not out["group_alive"]:   # a later reap or stop must not find a pid that may be reused
         for name in ("server.pid", "watchdog.pid"):

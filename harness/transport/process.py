@@ -83,7 +83,7 @@ class ProcessTransport:
     def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
              max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:
         deadline = time.monotonic() + timeout
-        command = tarpull.tar_command(remote_dir, compress=self.compress_pulls, exclude=exclude)
+        command = tarpull.tar_command(remote_dir, compress=self.compress_pulls, exclude=exclude, announce=True)
         label = f"{self.host.name}:{remote_dir}"
         proc = None
         try:
@@ -91,7 +91,7 @@ class ProcessTransport:
                 proc = self._spawn(command, stdin=None, timeout=timeout)
                 broken = None
                 try:
-                    staging.extract(lambda: proc.read(deadline))
+                    staging.extract(lambda: proc.read(deadline), announced=True)
                 except tarfile.TarError as e:
                     broken = e  # a failed tar or a lost connection says more: check those first
                 code = proc.wait(deadline)

@@ -18,6 +18,7 @@ import hashlib
 import io
 import math
 import os
+import queue
 import shlex
 import shutil
 import subprocess
@@ -61,8 +62,12 @@ class Refused(RemoteError):
     kind = Kind.COLLECT
 
 
-def tar_command(remote_dir: str, *, compress: bool, exclude: tuple[str, ...] = ()) -> str:
+def tar_command(remote_dir: str, *, compress: bool, exclude: tuple[str, ...] = (), announce: bool = False) -> str:
     """The command that writes `remote_dir` to stdout as a tar stream, zstd-compressed if asked.
+
+    With `announce`, a line with the folder's size in bytes (`du -sb`; empty if du fails) comes
+    first: `Staging.extract(announced=True)` refuses a pull the local disk cannot hold before any
+    file arrives, without a round trip of its own.
 
     GNU tar exits 1 when a file changed while it was read (a log still being written); the archive
     holds what it read, which is what we want, so 1 counts as success.
@@ -75,6 +80,8 @@ def tar_command(remote_dir: str, *, compress: bool, exclude: tuple[str, ...] = (
     """
     skip = "".join(f" --exclude={shlex.quote('./' + name)}" for name in exclude)
     tar = f"{{ tar -C {shell_path(remote_dir)}{skip} -cf - . || [ $? -eq 1 ]; }}"
+    if announce:
+        tar = f"printf '%s\\n' \"$(du -sb {shell_path(remote_dir)} 2>/dev/null | cut -f1)\"; {tar}"
     if not (compress and ZSTD):
         return tar
     return (f"set -o pipefail; {tar} | "
@@ -95,19 +102,69 @@ class _Reader:
         self._pos = 0
 
     def read(self, size: int) -> bytes:
-        while len(self._buf) - self._pos < size and (chunk := self._next()):
-            del self._buf[:self._pos]
+        if self._pos == len(self._buf):   # nothing buffered: a chunk that suffices passes uncopied
+            chunk = self._next()
+            if len(chunk) == size:
+                return chunk
+            self._buf[:] = chunk
             self._pos = 0
-            self._buf += chunk
-        data = bytes(self._buf[self._pos:self._pos + size])
+        data = self.peek(size)
         self._pos += len(data)
         return data
 
     def peek(self, size: int) -> bytes:
         """The next `size` bytes (fewer at the end), left to be read again."""
-        data = self.read(size)
-        self._pos -= len(data)
-        return data
+        while len(self._buf) - self._pos < size and (chunk := self._next()):
+            del self._buf[:self._pos]
+            self._pos = 0
+            self._buf += chunk
+        return bytes(memoryview(self._buf)[self._pos:self._pos + size])
+
+    def line(self, limit: int) -> bytes | None:
+        """The next line, without its newline; None (and nothing read) if none ends within `limit` bytes."""
+        head = self.peek(limit)
+        end = head.find(b"\n")
+        if end < 0:
+            return None
+        self._pos += end + 1
+        return head[:end]
+
+
+class _Syncer:
+    """fsync and close written files in a thread of its own, while the next file streams in.
+
+    `finish` waits for every file handed over and raises the first error (a full disk shows here,
+    as it would at the write); at most `depth` files wait, so open descriptors stay bounded.
+    """
+
+    def __init__(self, depth: int = 64):
+        self._queue: queue.Queue[int | None] = queue.Queue(depth)
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="fsync", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (fd := self._queue.get()) is not None:
+            try:
+                if self._error is None:
+                    os.fsync(fd)
+            except OSError as e:
+                self._error = e
+            finally:
+                os.close(fd)
+
+    def put(self, fd: int) -> None:
+        if self._error is not None:
+            os.close(fd)
+            raise self._error
+        self._queue.put(fd)
+
+    def finish(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class _Unzstd:
@@ -160,6 +217,30 @@ class _Unzstd:
             pipe.close()
 
 
+def _member_reader(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[int], bytes]:
+    """Reads of a regular file's data. Straight from the archive's stream when it is plain tar and
+    stands at the file's data (always, in stream mode): tarfile's own reader for a member adds two
+    more copies of every byte. Otherwise (sparse files) through `extractfile`."""
+    stream = tar.fileobj
+    if (member.sparse is None and getattr(stream, "comptype", None) == "tar" and stream is not None
+            and stream.tell() == member.offset_data):
+        left = member.size
+
+        def read(size: int) -> bytes:
+            nonlocal left
+            if left <= 0:
+                return b""
+            data = stream.read(min(size, left))
+            if not data:
+                raise tarfile.ReadError("unexpected end of data")
+            left -= len(data)
+            return data
+        return read
+    source = tar.extractfile(member)
+    assert source is not None  # a regular file (see Staging._filter): extractfile gives it a reader
+    return source.read
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -182,7 +263,8 @@ class Staging:
             pulled = staging.commit()   # only now does anything appear under local_dir
 
     Files are hashed as they are written, while the next bytes are still on the wire: hashing them
-    again after the stream ended took a fifth of a pull's time (benchmarks/README.md).
+    again after the stream ended took a fifth of a pull's time (benchmarks/README.md). Each is
+    fsynced by a thread of its own while the next one streams in; `extract` returns once all are.
     """
 
     def __init__(self, local_dir: Path, *, label: str, max_bytes: int | None = None):
@@ -192,6 +274,8 @@ class Staging:
         self.skipped: list[str] = []
         self._total = 0
         self._files: dict[str, tuple[str, int]] = {}  # relative path -> (sha256, size)
+        self._unchecked = 0   # bytes written since the local disk's free space was last looked at
+        self._syncer: _Syncer | None = None
         self.tmp: Path | None = None
 
     def __enter__(self) -> Staging:
@@ -206,16 +290,22 @@ class Staging:
         return self.tmp
 
     def __exit__(self, *exc: object) -> None:
+        if self._syncer is not None:
+            with contextlib.suppress(OSError):
+                self._syncer.finish()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def extract(self, read: Callable[[], bytes]) -> None:
+    def extract(self, read: Callable[[], bytes], *, announced: bool = False) -> None:
         """Extract the stream that `read` yields chunk by chunk (b"" at its end) into the staging dir:
         plain tar, gzip'd (tarfile finds out) or zstd'd (we do). What the host sent is not trusted:
         whatever it makes go wrong is a Refused pull (a failed collect), never an exception of ours;
-        only a full local disk is left as the OSError it is."""
+        only a full local disk is left as the OSError it is. `announced`: the stream starts with the
+        size line of `tar_command(announce=True)`. Every file is on the disk (fsync) when this returns."""
         wire = _Reader(read)
         try:
+            if announced:
+                self._expect(wire.line(32))
             if wire.peek(4) != _ZSTD_MAGIC:
                 self._extract(wire)
                 return
@@ -233,10 +323,21 @@ class Staging:
         except (ValueError, OverflowError, EOFError, UnicodeError) as e:
             raise Refused(f"pulling {self.label}: cannot extract what the host sent ({e})") from e
 
+    def _expect(self, size: bytes | None) -> None:
+        """Refuse, before a byte of it is written, a pull the local disk cannot hold. The host's word
+        is only a first check: the sizes in the stream are checked again as they arrive."""
+        if size is None or not size.isdigit():
+            return   # du failed on the host (or printed something else): the stream's own checks remain
+        free = shutil.disk_usage(self._dir).free
+        if int(size) > free - LOCAL_RESERVE:
+            raise TooLarge(f"the files of {self.label} take {int(size) / 1e9:.2f} GB and {self.local_dir.parent} "
+                           f"has {free / 1e9:.2f} GB free: make room")
+
     def _extract(self, stream: _Reader) -> None:
         """Only directories and regular files, each through `_filter`; nothing here creates a link,
         so no path can lead outside the staging directory once `_filter` has checked its name."""
         members = 0
+        self._syncer = _Syncer()
         # typeshed's fileobj protocol asks for write, tell, seek and close too; stream mode only reads
         with tarfile.open(fileobj=stream, mode="r|*", bufsize=_TAR_BUFFER) as tar:  # type: ignore[call-overload]
             for member in tar:
@@ -250,31 +351,33 @@ class Staging:
                     path.mkdir(parents=True, exist_ok=True)
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    source = tar.extractfile(member)
-                    assert source is not None  # a regular file (see _filter): extractfile gives it a reader
-                    self._write(source, path, member)
+                    self._write(_member_reader(tar, member), path, member)
         trailer = 0
         while chunk := stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
             trailer += len(chunk)
             if trailer > TRAILER_MAX:
                 raise Refused(f"pulling {self.label}: data goes on after the end of the archive")
+        self._syncer.finish()
 
-    def _write(self, source: IO[bytes], path: Path, member: tarfile.TarInfo) -> None:
+    def _write(self, read: Callable[[int], bytes], path: Path, member: tarfile.TarInfo) -> None:
         digest = hashlib.sha256()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        written = 0
-        with os.fdopen(fd, "wb") as out:
-            while chunk := source.read(_TAR_BUFFER):
-                digest.update(chunk)
-                out.write(chunk)
-                written += len(chunk)
-                if written % (64 << 20) < len(chunk):  # every 64 MB: the host's word on sizes is not ours
-                    self._check_room()
-            out.flush()
-            os.fsync(out.fileno())   # on the disk before the run is journaled as collected
-        os.chmod(path, member.mode)
-        if math.isfinite(member.mtime):  # a pax header can say mtime=nan
-            os.utime(path, (member.mtime, member.mtime))
+        try:
+            with os.fdopen(os.dup(fd), "wb") as out:
+                while chunk := read(_TAR_BUFFER):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    self._unchecked += len(chunk)
+                    if self._unchecked >= 64 << 20:  # every 64 MB: the host's word on sizes is not ours
+                        self._check_room()
+            os.fchmod(fd, member.mode)
+            if math.isfinite(member.mtime):  # a pax header can say mtime=nan
+                os.utime(fd, (member.mtime, member.mtime))
+        except BaseException:
+            os.close(fd)
+            raise
+        assert self._syncer is not None, "_write runs inside _extract"
+        self._syncer.put(fd)   # on the disk before extract returns, and so before the run is journaled
         self._files[path.relative_to(self._dir).as_posix()] = (digest.hexdigest(), member.size)
 
     def _filter(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
@@ -296,6 +399,7 @@ class Staging:
         return tarfile.data_filter(member, dest)
 
     def _check_room(self, coming: int = 0) -> None:
+        self._unchecked = 0
         free = shutil.disk_usage(self._dir).free
         if free - coming < LOCAL_RESERVE:
             raise TooLarge(f"pulling {self.label}: the local disk has {free / 1e9:.2f} GB free, too little "

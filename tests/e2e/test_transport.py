@@ -11,6 +11,7 @@ import io
 import os
 import resource
 import shlex
+import shutil
 import subprocess
 import tarfile
 import threading
@@ -253,6 +254,42 @@ def test_an_endless_stream_of_entries_stops_at_the_cap(tmp_path, monkeypatch):
     chunks = iter([stream])
     with Staging(tmp_path / "run", label="endless") as staging, pytest.raises(Refused, match="more than 50 entries"):
         staging.extract(lambda: next(chunks, b""))
+
+
+def test_a_pull_the_local_disk_cannot_hold_is_refused_before_any_file_arrives(tmp_path):
+    """The host announces the folder's size first: more than the disk has free is refused at once."""
+    written = []
+    stream = b"%d\n" % (shutil.disk_usage(tmp_path).free + 1) + archive(("profile/trace.json", b"x" * 1000, {}))
+    chunks = iter([stream])
+
+    def read() -> bytes:
+        written.extend(p.name for p in tmp_path.rglob("*") if p.is_file())
+        return next(chunks, b"")
+    with Staging(tmp_path / "run", label="node1:/w/run") as staging, \
+            pytest.raises(TooLarge, match="node1:/w/run take .* GB free: make room"):
+        staging.extract(read, announced=True)
+    assert written == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("chunk", [1, 4093, 1 << 18, 1 << 22])
+def test_files_larger_than_a_read_arrive_whole_in_any_chunking(tmp_path, chunk):
+    big, small = os.urandom((1 << 20) + 12345), b"tail"
+    stream = b"123\n" + archive(("profile/big.trace.json.gz", big, {}), ("log", small, {}), fmt=tarfile.GNU_FORMAT)
+    chunks = iter([stream[i:i + chunk] for i in range(0, len(stream), chunk)])
+    with Staging(tmp_path / "run", label="chunked") as staging:
+        staging.extract(lambda: next(chunks, b""), announced=True)
+        pulled = staging.commit()
+    assert pulled.sha256 == {"profile/big.trace.json.gz": hashlib.sha256(big).hexdigest(),
+                             "log": hashlib.sha256(small).hexdigest()}
+    assert (tmp_path / "run" / "profile" / "big.trace.json.gz").read_bytes() == big
+
+
+def test_a_stream_cut_inside_a_file_is_an_error_and_leaves_nothing(tmp_path):
+    stream = archive(("profile/big", os.urandom(1 << 20), {}))[: 600_000]
+    chunks = iter([stream])
+    with Staging(tmp_path / "run", label="cut") as staging, pytest.raises(tarfile.ReadError):
+        staging.extract(lambda: next(chunks, b""))
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_compressed_stream_arriving_a_byte_at_a_time_extracts_whole(tmp_path):
