@@ -12,6 +12,7 @@ import re
 import shlex
 
 from harness.lifecycle.context import RunContext
+from harness.results.layout import RunFiles
 from harness.secrets import api_key_env
 
 HEALTH_POLL_S = 0.1   # the agent asks the engine's health URL this often while it starts (on the host itself)
@@ -32,14 +33,15 @@ def launch(ctx: RunContext) -> int:
     # the script comes on stdin: one round trip for writing it and starting it
     # server.pid holds the wrapper's pid, start time and boot id (agent.py read_pid): a reused pid is
     # never taken for ours. Files are removed before they are written, so no planted link is followed.
-    command = (f"cd {root} && rm -f launch.sh.tmp && cat > launch.sh.tmp && chmod 755 launch.sh.tmp && "
-               "mv launch.sh.tmp launch.sh && rm -f server.exit server.pid watchdog.pid lease && : > lease && "
+    f = RunFiles
+    command = (f"cd {root} && rm -f {f.LAUNCH}.tmp && cat > {f.LAUNCH}.tmp && chmod 755 {f.LAUNCH}.tmp && "
+               f"mv {f.LAUNCH}.tmp {f.LAUNCH} && rm -f {f.EXIT} {f.PID} {f.WATCHDOG_PID} {f.LEASE} && : > {f.LEASE} && "
                "{ setsid bash -c 'read -r s </proc/$$/stat; set -- ${s##*) }; "
-               "echo \"$$ ${20} $(cat /proc/sys/kernel/random/boot_id)\" >server.pid; "
-               "bash launch.sh >server.log 2>&1 </dev/null; "
-               "echo $? >server.exit' >/dev/null 2>&1 </dev/null & } && "
-               f"{{ setsid {watch} >watchdog.log 2>&1 </dev/null & }} && "
-               "for _ in $(seq 500); do [ -s server.pid ] && break; sleep 0.01; done; cat server.pid")
+               f"echo \"$$ ${{20}} $(cat /proc/sys/kernel/random/boot_id)\" >{f.PID}; "
+               f"bash {f.LAUNCH} >{f.SERVER_LOG} 2>&1 </dev/null; "
+               f"echo $? >{f.EXIT}' >/dev/null 2>&1 </dev/null & }} && "
+               f"{{ setsid {watch} >{f.WATCHDOG_LOG} 2>&1 </dev/null & }} && "
+               f"for _ in $(seq 500); do [ -s {f.PID} ] && break; sleep 0.01; done; cat {f.PID}")
     out = ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode()).stdout
     lines = out.strip().splitlines()
     words = lines[-1].split() if lines else []
@@ -77,7 +79,7 @@ def wait_healthy(ctx: RunContext) -> float:
     timeout = pb.server.startup_timeout_s
     health = ctx.base_url + (pb.server.health_path or ctx.sweep.engine.health_path)
     answer = agent_with_key(ctx, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
-                            f"{paths.root}/server.exit", "--log", paths.log, "--timeout", timeout,
+                            paths.exit_file, "--log", paths.log, "--timeout", timeout,
                             "--interval", HEALTH_POLL_S, timeout=timeout + 120)
     if answer["status"] == "healthy":
         return answer["seconds"]
@@ -100,7 +102,7 @@ def wait_healthy(ctx: RunContext) -> float:
 def alive_check(ctx: RunContext) -> str:
     """Shell that prints `alive` while the launch wrapper runs (no exit code written, not a zombie:
     some inits never reap), else `gone`."""
-    return (f"( cd {shlex.quote(ctx.paths.root)} && read -r pid _ < server.pid && [ ! -e server.exit ] && "
+    return (f"( cd {shlex.quote(ctx.paths.root)} && read -r pid _ < {RunFiles.PID} && [ ! -e {RunFiles.EXIT} ] && "
             "kill -0 \"$pid\" 2>/dev/null && ! grep -q ') Z' \"/proc/$pid/stat\" ) && echo alive || echo gone")
 
 

@@ -124,7 +124,7 @@ class Display:
             eta = self.eta_s()
             footer = (f"{self.done_count}/{self.total} runs done, {self.failed} failed, "
                       f"{now - self.started:.0f} s elapsed"
-                      + (f", about {eta / 60:.0f} min left" if eta is not None else ""))
+                      + (f", about {how_long(eta)} left" if eta is not None else ""))
         return Group(table, Text(footer, style="bold"))
 
 
@@ -132,6 +132,15 @@ def _tenths(text: str) -> int | None:
     """Tens of percent done in a progress line `... N/M requests ...`."""
     m = re.search(r"(\d+)/(\d+) requests", text)
     return int(m.group(1)) * 10 // int(m.group(2)) if m and int(m.group(2)) else None
+
+
+def how_long(seconds: float) -> str:
+    """A time left as a person says it: seconds under two minutes, minutes under two hours, else hours."""
+    if seconds < 120:
+        return f"{max(0, round(seconds))} s"
+    if seconds < 7200:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def describe_tick(state: dict) -> str:

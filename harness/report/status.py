@@ -13,6 +13,7 @@ from rich.text import Text
 from harness.errors import InputError
 from harness.journal import read_journal
 from harness.lock import describe, holder
+from harness.report.live import how_long
 from harness.results import SweepLayout, find_sweeps, read_sweep
 
 STYLE = {"ok": "green", "failed": "red", "running": "yellow", "retry": "yellow", "interrupted": "magenta",
@@ -71,5 +72,5 @@ def render(status: dict):
     counts = ", ".join(f"{n} {s}" for s, n in sorted(status["counts"].items()))
     state = {"running": f"running: {describe(status['orchestrator'])}", "finished": "finished",
              "stopped": "stopped before the end: finish it with `harness sweep PLAYBOOK --resume`"}[status["state"]]
-    eta = f"; about {status['eta_s'] / 60:.0f} min left" if status["eta_s"] else ""
+    eta = f"; about {how_long(status['eta_s'])} left" if status["eta_s"] else ""
     return Group(t, Text(f"{len(status['runs'])} runs: {counts} ({state}{eta})", style="bold"))

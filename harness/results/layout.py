@@ -21,7 +21,10 @@ class RunFiles:
     """The names inside a run folder."""
     LAUNCH = "launch.sh"
     SERVER_LOG = "server.log"
-    PID = "server.pid"
+    PID = "server.pid"                # the server's wrapper: pid, start time, boot id
+    EXIT = "server.exit"              # its exit code, once it exited
+    WATCHDOG_PID = "watchdog.pid"
+    WATCHDOG_LOG = "watchdog.log"
     LEASE = "lease"
     SECRETS = ".secrets.env"          # mode 0600 on the host: never pulled, removed at every teardown
     PROFILE = "profile"
@@ -132,6 +135,7 @@ class HostRunLayout(_Folder[str]):
     launch = _Named[str](RunFiles.LAUNCH)
     log = _Named[str](RunFiles.SERVER_LOG)
     pid_file = _Named[str](RunFiles.PID)
+    exit_file = _Named[str](RunFiles.EXIT)
     lease = _Named[str](RunFiles.LEASE)
     secrets_file = _Named[str](RunFiles.SECRETS)
     profile_dir = _Named[str](RunFiles.PROFILE)

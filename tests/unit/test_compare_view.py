@@ -158,3 +158,10 @@ def test_harness_compare_by_sweep_on_the_command_line(tmp_path):
     assert labels == ["eager @ before/demo-1"] * 2 + ["eager @ after/demo-1"] * 2
     wrong = harness("compare", before, after, "--by", "host")
     assert wrong.returncode == 2 and "unknown --by 'host': config or sweep" in wrong.stderr
+
+
+@pytest.mark.parametrize("seconds, said", [(27, "27 s"), (0.4, "0 s"), (119, "119 s"), (150, "2 min"),
+                                           (3599, "60 min"), (7200, "2.0 h"), (-3, "0 s")])
+def test_time_left_is_said_in_units_a_person_uses(seconds, said):
+    from harness.report.live import how_long
+    assert how_long(seconds) == said
