@@ -64,12 +64,16 @@ class _Folder(Generic[P]):
 
 
 @dataclass(frozen=True)
-class RunLayout(_Folder[Path]):
-    """A run's folder in the results."""
+class _Here(_Folder[Path]):
     dir: Path
 
     def at(self, name: str) -> Path:
         return self.dir / name
+
+
+@dataclass(frozen=True)
+class RunLayout(_Here):
+    """A run's folder in the results."""
 
     @property
     def run_id(self) -> str:
@@ -87,16 +91,12 @@ class RunLayout(_Folder[Path]):
 
 
 @dataclass(frozen=True)
-class SweepLayout(_Folder[Path]):
+class SweepLayout(_Here):
     """A sweep's folder in the results."""
-    dir: Path
 
     @classmethod
     def of(cls, results: Path, sweep_id: str) -> SweepLayout:
         return cls(Path(results) / sweep_id)
-
-    def at(self, name: str) -> Path:
-        return self.dir / name
 
     @property
     def sweep_id(self) -> str:
