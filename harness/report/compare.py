@@ -33,6 +33,7 @@ from rich.text import Text
 from harness.analysis.roofline import format_efficiency, roofline_for
 from harness.errors import InputError
 from harness.remote.stats import STATS
+from harness.report import noise
 from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
@@ -118,6 +119,7 @@ def _deltas_by_sweep(rows: list[dict], sweep: str | None) -> None:
         other = ref.get((row["config"], row["concurrency"])) or {}
         row["itl_vs_baseline"] = _change(row.get("itl_ms_p50"), other.get("itl_ms_p50"))
         row["tok_s_vs_baseline"] = _change(row.get("output_tok_s"), other.get("output_tok_s"))
+        _verdicts(row, other)
     for row in rows:
         row["configuration"] = row["config"]
         row["config"] = f"{row['config']} @ {row['sweep']}"
@@ -148,6 +150,8 @@ def _row(config: str, concurrency: int | None, runs: list[Sample]) -> dict:
     row["efficiency"] = roof["theoretical_ms"] / row["itl_ms_p50"] if roof and row["itl_ms_p50"] else None
     row["roofline"] = roof and {k: roof[k] for k in ("gpu", "bandwidth_gbs", "bandwidth_source", "gpus",
                                                      "context_tokens", "weight_bytes", "kv_bytes")}
+    row["itl_ms_p50_ci"], row["output_tok_s_ci"] = _intervals(ok, concurrency)
+    row["launch"] = next((s.run.launch_command for s in ok if s.run.launch_command), None)
     row["analysis"] = _analysis(ok or runs)
     row["time_scale"] = _time_scale(ok or runs)
     row["profile_warning"] = next((w for s in runs if (w := profile_warning(s.manifest))), None)
@@ -179,6 +183,61 @@ def time_note(rows: list[dict]) -> str | None:
             "modelled GPUs' (unscaled)")
 
 
+def _intervals(ok: Sequence[Sample], concurrency: int | None) -> tuple[tuple[float, float] | None, ...]:
+    """95% intervals of the median ITL p50 and tok/s: over the repeats, or for one run, over its
+    requests (ITL only: tok/s is one figure a level)."""
+    itl = [v for s in ok if s.level and (v := s.level.stat("itl_ms", "p50")) is not None]
+    tok = [v for s in ok if s.level and (v := s.level.output_tok_s) is not None]
+    if len(ok) >= 2:
+        return noise.bootstrap_ci(itl), noise.bootstrap_ci(tok)
+    if len(ok) == 1:
+        gaps = [r["itl_ms"] for r in ok[0].run.requests if r.get("concurrency") == concurrency
+                and not r.get("error") and isinstance(r.get("itl_ms"), list)
+                and all(isinstance(x, (int, float)) for x in r["itl_ms"])]
+        return noise.grouped_ci(gaps), None
+    return None, None
+
+
+def _verdicts(row: dict, ref: dict) -> None:
+    """Whether each change against the baseline row is beyond the noise."""
+    same = ref is row
+    row["itl_verdict"] = None if same else noise.verdict(row.get("itl_ms_p50_ci"), ref.get("itl_ms_p50_ci"),
+                                                         higher_is_better=False)
+    row["tok_s_verdict"] = None if same else noise.verdict(row.get("output_tok_s_ci"), ref.get("output_tok_s_ci"),
+                                                           higher_is_better=True)
+
+
+def winner(rows: list[dict]) -> dict | None:
+    """The configuration of most tok/s at the highest level measured, whether the intervals show it
+    ahead of the next one, and its launch command."""
+    ok = [r for r in rows if r["ok"] and r.get("output_tok_s")]
+    if not ok:
+        return None
+    top = max(r["concurrency"] or 0 for r in ok)
+    at = sorted((r for r in ok if (r["concurrency"] or 0) == top), key=lambda r: -r["output_tok_s"])
+    best, second = at[0], (at[1] if len(at) > 1 else None)
+    judged = second and noise.verdict(best.get("output_tok_s_ci"), second.get("output_tok_s_ci"),
+                                      higher_is_better=True)
+    return {"config": best["config"], "concurrency": best["concurrency"], "output_tok_s": best["output_tok_s"],
+            "ci": best.get("output_tok_s_ci"), "runner_up": second and second["config"],
+            "runner_up_tok_s": second and second["output_tok_s"], "verdict": judged, "launch": best.get("launch")}
+
+
+def winner_text(w: dict) -> str:
+    ci = f" [{_fmt(w['ci'][0])}-{_fmt(w['ci'][1])}]" if w.get("ci") else ""
+    at = f" at concurrency {w['concurrency']}" if w.get("concurrency") else ""
+    line = f"winner{at}: {w['config']}, {_fmt(w['output_tok_s'])} tok/s{ci}"
+    if w.get("runner_up"):
+        if w["verdict"] == "better":
+            line += f", ahead of {w['runner_up']} beyond the noise"
+        elif w["verdict"] == "within noise":
+            line += f"; within the noise of {w['runner_up']} ({_fmt(w['runner_up_tok_s'])} tok/s): more repeats tell"
+        else:
+            line += (f"; {w['runner_up']} next ({_fmt(w['runner_up_tok_s'])} tok/s), one run each: no interval "
+                     "(`repeat:` 3 or more judges the noise)")
+    return line + (f"\nlaunch: {w['launch']}" if w.get("launch") else "")
+
+
 def _median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -192,6 +251,7 @@ def _deltas(rows: list[dict], name: str | None) -> None:
         row["baseline"] = ref.get("config")
         row["itl_vs_baseline"] = _change(row.get("itl_ms_p50"), ref.get("itl_ms_p50"))
         row["tok_s_vs_baseline"] = _change(row.get("output_tok_s"), ref.get("output_tok_s"))
+        _verdicts(row, ref)
 
 
 def _change(value: float | None, ref: float | None) -> float | None:
@@ -224,7 +284,9 @@ def table(rows: list[dict], *, title: str = "configurations"):
     if base and any(r.get("sweep") for r in rows):
         base = f"the same configuration @ {base.split(' @ ')[-1]}"
     roofline = any(r.get("theoretical_ms") for r in rows)
-    notes = ["latencies in ms"] + [f"Δ vs {base}"] * bool(base) + ["eff = roofline / ITL p50"] * roofline
+    noisy = any("within noise" in (r.get("itl_verdict"), r.get("tok_s_verdict")) for r in rows)
+    notes = (["latencies in ms"] + [f"Δ vs {base}"] * bool(base)
+             + ["≈ within the noise (95% intervals overlap)"] * noisy + ["eff = roofline / ITL p50"] * roofline)
     t = Table(title=f"{title} ({', '.join(notes)})", header_style="bold",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("config", overflow="fold")   # a long name wraps; the numbers are never cut
@@ -253,7 +315,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
         if roofline:
             cells += [_fmt(row.get("theoretical_ms")), format_efficiency(row.get("efficiency"))]
         if base:
-            cells += [_pct(row.get("itl_vs_baseline")), _pct(row.get("tok_s_vs_baseline"))]
+            cells += [_judged(row.get("itl_vs_baseline"), row.get("itl_verdict")),
+                      _judged(row.get("tok_s_vs_baseline"), row.get("tok_s_verdict"))]
         t.add_row(*cells, style="red" if (row.get("error") and not row["ok"]) or row.get("misses") else None)
     parts: list[RenderableType] = [t]
     if note := time_note(rows):
@@ -266,7 +329,9 @@ def table(rows: list[dict], *, title: str = "configurations"):
     kernels = _kernel_table(rows, base)
     if kernels and len(parts) > 1:
         parts.append(Text(""))
-    return Group(*parts, *([kernels] if kernels else []))
+    best = winner(rows)
+    ending = [Text(""), Text(winner_text(best), style="bold")] if best else []
+    return Group(*parts, *([kernels] if kernels else []), *ending)
 
 
 class _Widest:
@@ -369,6 +434,11 @@ def _baseline(rows: list[dict], name: str | None) -> list[dict]:
 
 def _pct(change: float | None) -> str:
     return "-" if change is None else f"{round(change * 100):+d}%"
+
+
+def _judged(change: float | None, verdict: str | None) -> str:
+    """A change, marked ≈ when the intervals say it is within the noise."""
+    return ("≈" if verdict == "within noise" and change is not None else "") + _pct(change)
 
 
 def _flat(row: dict) -> dict:

@@ -20,7 +20,7 @@ from harness.analysis.roofline import format_efficiency
 from harness.errors import tail
 from harness.report import plots
 from harness.report.analysis_view import short_name
-from harness.report.compare import collect, time_note
+from harness.report.compare import collect, time_note, winner, winner_text
 from harness.results import RunResult, atomic_write, find_sweeps, load_runs
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -40,7 +40,8 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
     return env.get_template("report.html.j2").render(
         title=", ".join(s.name for s in sweeps),
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        rows=rows, colors=colors, configs=_configs(runs),
+        rows=rows, colors=colors, configs=_configs(runs), winner=(best := winner(rows)),
+        winner_text=winner_text(best) if best else "",
         baseline=next((r["baseline"] for r in rows if r.get("baseline")), None),
         counts={"runs": len(runs), "ok": sum(r.manifest.status == "ok" for r in runs),
                 "failed": sum(r.manifest.status == "failed" for r in runs),

@@ -98,6 +98,34 @@ class RunResult:
     def analysis(self) -> AnalysisFile | None:
         return maybe_read(self.layout.analysis, AnalysisFile)
 
+    @cached_property
+    def requests(self) -> list[dict[str, Any]]:
+        """requests.jsonl's records (a torn last line, or one that is not a record, is left out)."""
+        try:
+            lines = self.layout.requests.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
+
+    @cached_property
+    def launch_command(self) -> str | None:
+        """The command the launch script ends with (`exec ...`): what to run by hand."""
+        try:
+            lines = [ln.strip() for ln in self.layout.launch.read_text(errors="replace").splitlines()]
+        except OSError:
+            return None
+        commands = [ln for ln in lines if ln and not ln.startswith("#")]
+        execs = [ln.removeprefix("exec ") for ln in commands if ln.startswith("exec ")]
+        return execs[-1] if execs else (commands[-1] if commands else None)
+
 
 def load_run(layout: RunLayout) -> RunResult:
     """One run folder; Unreadable when its manifest is (its bench.json counts as absent then)."""

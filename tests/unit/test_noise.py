@@ -1,0 +1,81 @@
+"""Better only beyond the noise: bootstrap intervals of medians, the verdict they allow, and the winner
+with its launch command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from harness.report import compare
+from harness.report.noise import bootstrap_ci, grouped_ci, verdict
+
+
+def test_an_interval_holds_the_median_and_is_the_same_every_time():
+    values = [10.0, 10.4, 9.8, 10.1, 10.3, 9.9]
+    lo, hi = bootstrap_ci(values)
+    assert lo <= 10.05 <= hi and hi - lo < 1
+    assert bootstrap_ci(values) == (lo, hi)                       # seeded: one folder, one answer
+    assert bootstrap_ci([3.0]) is None and grouped_ci([[1.0, 2.0]]) is None
+
+
+def test_whole_requests_are_resampled_so_one_slow_request_widens_the_interval():
+    steady = [[2.0, 2.0, 2.1]] * 8
+    one_slow = steady[:7] + [[9.0, 9.0, 9.0]]
+    a, b = grouped_ci(steady), grouped_ci(one_slow)
+    assert a == (2.0, 2.0) and b[1] >= a[1]
+
+
+@pytest.mark.parametrize("ci, ref, higher, said", [
+    ((5.0, 6.0), (3.0, 4.0), True, "better"), ((5.0, 6.0), (3.0, 4.0), False, "worse"),
+    ((1.0, 2.0), (3.0, 4.0), True, "worse"), ((3.5, 6.0), (3.0, 4.0), True, "within noise"),
+    (None, (3.0, 4.0), True, None)])
+def test_the_verdict_needs_intervals_apart(ci, ref, higher, said):
+    assert verdict(ci, ref, higher_is_better=higher) == said
+
+
+def sweep(root: Path, repeats: dict[str, list[float]]) -> Path:
+    """A results folder: each configuration's repeats at concurrency 8 with these tok/s."""
+    sweep = root / "s-1"
+    for name, rates in repeats.items():
+        for i, rate in enumerate(rates, 1):
+            run = sweep / "runs" / f"{name}-{i}"
+            run.mkdir(parents=True)
+            (run / "manifest.json").write_text(json.dumps(
+                {"run_id": f"{name}-{i}", "status": "ok", "engine": "vllm", "config": {"name": name}}))
+            (run / "bench.json").write_text(json.dumps({"levels": [
+                {"concurrency": 8, "completed": 8, "output_tok_s": rate, "itl_ms": {"p50": 1000 / rate}}]}))
+            (run / "launch.sh").write_text(f"#!/usr/bin/env bash\nsource /v/bin/activate\n"
+                                           f"exec vllm serve /m --max-num-seqs {name}\n")
+    return sweep
+
+
+def test_a_clear_winner_is_named_with_its_launch_command(tmp_path):
+    rows = compare.collect([sweep(tmp_path, {"64": [900, 910, 905], "256": [1500, 1480, 1510]})])
+    best = compare.winner(rows)
+    assert (best["config"], best["verdict"], best["launch"]) == ("256", "better", "vllm serve /m --max-num-seqs 256")
+    other = next(r for r in rows if r["config"] == "64")      # the baseline is 256 (the first in run-id order)
+    assert other["tok_s_verdict"] == "worse" and other["itl_verdict"] == "worse"
+    text = Console(record=True, width=120)
+    text.print(compare.table(rows))
+    out = " ".join(text.export_text().split())
+    assert "winner at concurrency 8: 256, 1,500 tok/s" in out and "ahead of 64 beyond the noise" in out
+    assert "launch: vllm serve /m --max-num-seqs 256" in out
+
+
+def test_overlapping_repeats_are_called_within_the_noise_not_better(tmp_path):
+    rows = compare.collect([sweep(tmp_path, {"a": [1000, 1100, 950], "b": [1020, 980, 1090]})])
+    b = next(r for r in rows if r["config"] == "b")
+    assert b["tok_s_verdict"] == "within noise"
+    text = Console(record=True, width=120)
+    text.print(compare.table(rows))
+    out = " ".join(text.export_text().split())
+    assert "≈" in out and "within the noise of" in out
+
+
+def test_the_report_ends_its_comparison_with_the_winner_and_its_launch_command(tmp_path):
+    from harness.report.html import render_report
+    page = render_report([sweep(tmp_path, {"64": [900, 910, 905], "256": [1500, 1480, 1510]})])
+    assert "winner at concurrency 8: 256" in page and "<code>vllm serve /m --max-num-seqs 256</code>" in page
