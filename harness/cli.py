@@ -92,7 +92,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     """Run every configuration of PLAYBOOK on the inventory's hosts and compare them."""
     from harness.executor import Executor, parse_deadline
     from harness.plan import load_sweep
-    from harness.report.compare import collect, table
+    from harness.report.compare import collect, launch_line, table
     from harness.report.live import Display
     from harness.report.references import sweep_misses
     from harness.results import latest_sweep
@@ -128,7 +128,10 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
                        retry_failed=retry_failed, accept_changes=accept_changes,
                        argv=sys.argv[1:]).run()
     if outcome.manifests:
-        out.print(table(collect([outcome.sweep_dir]), title=f"{sw.sweep_id}"))
+        rows = collect([outcome.sweep_dir])
+        out.print(table(rows, title=f"{sw.sweep_id}"))
+        if launch := launch_line(rows):
+            out.print(launch, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {outcome.sweep_dir}")
     resume_hint = (f"finish it with: harness sweep {playbook} --resume"
                    + (f" -o {output}" if output != Path("results") else ""))
@@ -296,6 +299,8 @@ def compare(results: list[Path],
     rows = cmp.collect(results, baseline=baseline, by=by)
     if format == "table":
         out.print(cmp.table(rows))
+        if launch := cmp.launch_line(rows):
+            out.print(launch, markup=False, highlight=False, soft_wrap=True)
     elif format in ("json", "csv", "markdown"):
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
     else:

@@ -223,6 +223,12 @@ def winner(rows: list[dict]) -> dict | None:
             "runner_up_tok_s": second and second["output_tok_s"], "verdict": judged, "launch": best.get("launch")}
 
 
+def launch_line(rows: list[dict]) -> str | None:
+    """`launch: COMMAND` of the winner, to print on one line of its own (soft wrap: copied whole)."""
+    best = winner(rows)
+    return f"launch: {best['launch']}" if best and best.get("launch") else None
+
+
 def winner_text(w: dict) -> str:
     ci = f" [{_fmt(w['ci'][0])}-{_fmt(w['ci'][1])}]" if w.get("ci") else ""
     at = f" at concurrency {w['concurrency']}" if w.get("concurrency") else ""
@@ -329,8 +335,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
     kernels = _kernel_table(rows, base)
     if kernels and len(parts) > 1:
         parts.append(Text(""))
-    best = winner(rows)
-    ending = [Text(""), Text(winner_text(best), style="bold")] if best else []
+    best = winner(rows)   # its launch command follows the table, whole (`launch_line`): it is there to be copied
+    ending = [Text(""), Text(winner_text(best).partition("\n")[0], style="bold")] if best else []
     return Group(*parts, *([kernels] if kernels else []), *ending)
 
 

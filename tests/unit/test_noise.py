@@ -62,7 +62,7 @@ def test_a_clear_winner_is_named_with_its_launch_command(tmp_path):
     text.print(compare.table(rows))
     out = " ".join(text.export_text().split())
     assert "winner at concurrency 8: 256, 1,500 tok/s" in out and "ahead of 64 beyond the noise" in out
-    assert "launch: vllm serve /m --max-num-seqs 256" in out
+    assert compare.launch_line(rows) == "launch: vllm serve /m --max-num-seqs 256"
 
 
 def test_overlapping_repeats_are_called_within_the_noise_not_better(tmp_path):
@@ -79,3 +79,13 @@ def test_the_report_ends_its_comparison_with_the_winner_and_its_launch_command(t
     from harness.report.html import render_report
     page = render_report([sweep(tmp_path, {"64": [900, 910, 905], "256": [1500, 1480, 1510]})])
     assert "winner at concurrency 8: 256" in page and "<code>vllm serve /m --max-num-seqs 256</code>" in page
+
+
+def test_harness_compare_prints_the_winners_launch_command_whole_at_80_columns(tmp_path):
+    import os
+
+    from tests.conftest import harness
+    results = sweep(tmp_path, {"64": [900, 910, 905], "256-" + "x" * 60: [1500, 1480, 1510]})
+    done = harness("compare", results, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    assert f"launch: vllm serve /m --max-num-seqs 256-{'x' * 60}" in done.stdout.splitlines()
