@@ -234,7 +234,7 @@ class Executor:
 
         attempts = tenacity.Retrying(
             stop=stop,
-            wait=tenacity.wait_exponential_jitter(initial=2, max=60),
+            wait=tenacity.wait_exponential(multiplier=2, max=60) + tenacity.wait_random(0, 1),
             retry=tenacity.retry_if_exception_type(Transient),
             sleep=sleep, reraise=True)
         try:
