@@ -66,6 +66,22 @@ def _charts(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) -> 
     if series:
         charts["throughput"] = plots.line_chart(series, colors, xlabel="concurrency (requests in flight)",
                                                 ylabel="output tokens/s")
+    latency: dict[str, list] = {}
+    for r in rows:
+        if r["concurrency"] and r.get("itl_ms_p50"):
+            latency.setdefault(r["config"], []).append((r["concurrency"], r["itl_ms_p50"]))
+    if latency:
+        charts["latency_load"] = plots.line_chart(latency, colors, xlabel="concurrency (requests in flight)",
+                                                  ylabel="ITL p50, ms")
+    gpus = {c["name"]: c.get("gpus") or 1 for c in _configs(runs)}
+    frontier: dict[str, list] = {}
+    for r in rows:
+        if r["concurrency"] and r.get("output_tok_s") and r.get("tpot_ms_p50"):
+            frontier.setdefault(r["config"], []).append(
+                (r["output_tok_s"] / gpus.get(r["config"], 1), 1000 / r["tpot_ms_p50"], f"c{r['concurrency']}"))
+    if frontier:
+        charts["pareto"] = plots.scatter_chart(frontier, colors, xlabel="output tokens/s per GPU",
+                                               ylabel="tokens/s per user (1000 / TPOT p50)")
     for metric, label in (("itl_ms", "inter-token latency, ms"), ("ttft_ms", "time to first token, ms")):
         groups = _distributions(runs, metric, list(colors))
         if groups:

@@ -93,6 +93,51 @@ def line_chart(series: dict[str, list[tuple[float, float]]], colors: dict[str, s
     return _svg(top + height + 42, body, f"{ylabel} against {xlabel}")
 
 
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both axes (more is better on each), by x."""
+    best = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points)]
+    return sorted(set(best))
+
+
+def scatter_chart(series: dict[str, list[tuple[float, float, str]]], colors: dict[str, str], *, xlabel: str,
+                  ylabel: str) -> str:
+    """Points (x, y, label) per series on linear axes from zero, with the Pareto frontier of all of
+    them drawn through: the configurations and levels that nothing beats on both axes."""
+    left, right, top, height = 64, 180, 12, 260
+    pts = [(x, y) for ps in series.values() for x, y, _ in ps]
+    xticks = nice_ticks(0, max((x for x, _ in pts), default=1))
+    yticks = nice_ticks(0, max((y for _, y in pts), default=1))
+
+    def sx(x: float) -> float:
+        return left + (WIDTH - left - right) * x / xticks[-1]
+
+    def sy(y: float) -> float:
+        return top + height * (1 - y / yticks[-1])
+
+    body = []
+    for t in yticks:
+        body.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{sy(t):.1f}" y2="{sy(t):.1f}"/>')
+        body.append(_text(left - 6, sy(t) + 4, tick_label(t), "end", "tick"))
+    for t in xticks:
+        body.append(_text(sx(t), top + height + 15, tick_label(t), "middle", "tick"))
+    body.append(_text((left + WIDTH - right) / 2, top + height + 32, xlabel, "middle", "axis"))
+    body.append(f'<text class="axis" transform="translate(14 {top + height / 2:.0f}) rotate(-90)" '
+                f'text-anchor="middle">{escape(ylabel)}</text>')
+    front = pareto(pts)
+    if len(front) > 1:
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in front)
+        body.append(f'<polyline class="frontier" fill="none" stroke="#888" stroke-dasharray="4 3" points="{path}"/>')
+    for i, (name, ps) in enumerate(series.items()):
+        body += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{colors[name]}">'
+                 f'<title>{escape(name)} {escape(label)}: {x:,.1f} and {y:,.1f}</title></circle>' for x, y, label in ps]
+        body += [_text(sx(x) + 6, sy(y) - 5, label, "start", "tick") for x, y, label in ps]
+        ly = top + 8 + i * 18
+        body.append(f'<rect x="{WIDTH - right + 16}" y="{ly - 8}" width="12" height="12" rx="2" '
+                    f'fill="{colors[name]}"/>')
+        body.append(_text(WIDTH - right + 34, ly + 2, name))
+    return _svg(top + height + 42, body, f"{ylabel} against {xlabel}")
+
+
 def box_chart(groups: list[tuple[str, list[tuple[str, dict]]]], colors: dict[str, str], *, xlabel: str) -> str:
     """Horizontal box plots: per group (a concurrency level) one row per configuration; the box spans
     p25..p75, the whiskers p1..p99, the bar is the median. Stats: {p1, p25, p50, p75, p99}."""

@@ -108,7 +108,7 @@ def test_the_report_is_one_page_that_needs_nothing_from_the_network(results, tmp
     assert "default-src 'none'" in html  # and the browser is told to fetch nothing for it
     for section in ("comparison", "latency", "gpu-time", "roofline", "failures", "configs", "hosts"):
         assert f'id="{section}"' in html, section
-    assert html.count("<svg") == 4  # ITL, TTFT, throughput, GPU time
+    assert html.count("<svg") == 6  # ITL, TTFT, throughput, ITL against load, the per-user/per-GPU frontier, GPU time
 
 
 @pytest.fixture

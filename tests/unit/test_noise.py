@@ -89,3 +89,26 @@ def test_harness_compare_prints_the_winners_launch_command_whole_at_80_columns(t
     done = harness("compare", results, env={**os.environ, "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     assert f"launch: vllm serve /m --max-num-seqs 256-{'x' * 60}" in done.stdout.splitlines()
+
+
+def test_the_pareto_frontier_keeps_what_nothing_beats_on_both_axes():
+    from harness.report.plots import pareto
+    points = [(100, 50), (200, 40), (150, 45), (120, 30), (200, 10), (50, 60)]
+    assert pareto(points) == [(50, 60), (100, 50), (150, 45), (200, 40)]
+    assert pareto([(1, 1)]) == [(1, 1)] and pareto([]) == []
+
+
+def test_the_report_plots_latency_against_load_and_the_frontier_per_user_against_per_gpu(tmp_path):
+    from harness.report.html import render_report
+    root = sweep(tmp_path, {"64": [900], "256": [1500]})
+    for name in ("64", "256"):   # TPOT for the per-user axis, and a second level for the load curve
+        bench = root / "runs" / f"{name}-1" / "bench.json"
+        data = json.loads(bench.read_text())
+        data["levels"][0]["tpot_ms"] = {"p50": 8.0}
+        first = data["levels"][0]
+        data["levels"].append({"concurrency": 32, "completed": 8, "output_tok_s": 2.5 * first["output_tok_s"],
+                               "itl_ms": {"p50": 12.0}, "tpot_ms": {"p50": 12.5}})
+        bench.write_text(json.dumps(data))
+    page = render_report([root])
+    assert "Inter-token latency against load" in page and "Pareto frontier" in page
+    assert 'class="frontier"' in page and "256 c32: 3,750.0 and 80.0" in page
