@@ -3,7 +3,7 @@
 A configuration is called better (or worse) than the baseline only when the two intervals do not
 overlap; otherwise the difference is within the noise the measurements show. Intervals come from the
 repeats of a configuration (each run one value), or, for a configuration measured once, from its
-requests (each request's inter-token gaps resampled whole). The resampling is seeded, so the same
+requests (each request's inter-token gaps resampled whole). The resampling starts from a fixed random state, so the same
 results folder always gives the same intervals.
 """
 
@@ -18,24 +18,24 @@ LEVEL = 0.95
 
 
 def bootstrap_ci(values: Sequence[float], *, stat: Callable[[Sequence[float]], float] = statistics.median,
-                 resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> tuple[float, float] | None:
+                 resamples: int = RESAMPLES, level: float = LEVEL, random_state: int = 0) -> tuple[float, float] | None:
     """The `level` percentile interval of `stat` over resamples of `values`; None for fewer than two."""
     if len(values) < 2:
         return None
-    rng = random.Random(seed)
+    rng = random.Random(random_state)
     stats = sorted(stat(rng.choices(values, k=len(values))) for _ in range(resamples))
     cut = (1 - level) / 2
     return stats[int(cut * (resamples - 1))], stats[int((1 - cut) * (resamples - 1))]
 
 
 def grouped_ci(groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLES, level: float = LEVEL,
-               seed: int = 0) -> tuple[float, float] | None:
+               random_state: int = 0) -> tuple[float, float] | None:
     """The interval of the median of pooled values when whole groups are resampled (a request's gaps
     stay together: they are not independent of each other)."""
     groups = [g for g in groups if g]
     if len(groups) < 2:
         return None
-    rng = random.Random(seed)
+    rng = random.Random(random_state)
     stats = sorted(statistics.median([x for g in rng.choices(groups, k=len(groups)) for x in g])
                    for _ in range(resamples))
     cut = (1 - level) / 2

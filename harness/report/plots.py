@@ -55,6 +55,27 @@ def _x_axis(ticks: list[float], scale, top: float, bottom: float, label: str, fm
     return out
 
 
+def _frame(yticks: list[float], xticks: list[float], sx, sy, *, left: float, right: float, top: float,
+           height: float, xlabel: str, ylabel: str) -> list[str]:
+    """The grid, the ticks and the axis labels of a chart of x against y."""
+    body = []
+    for t in yticks:
+        body.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{sy(t):.1f}" y2="{sy(t):.1f}"/>')
+        body.append(_text(left - 6, sy(t) + 4, tick_label(t), "end", "tick"))
+    for t in xticks:
+        body.append(_text(sx(t), top + height + 15, tick_label(t), "middle", "tick"))
+    body.append(_text((left + WIDTH - right) / 2, top + height + 32, xlabel, "middle", "axis"))
+    body.append(f'<text class="axis" transform="translate(14 {top + height / 2:.0f}) rotate(-90)" '
+                f'text-anchor="middle">{escape(ylabel)}</text>')
+    return body
+
+
+def _legend_entry(i: int, name: str, color: str, *, right: float, top: float) -> list[str]:
+    ly = top + 8 + i * 18
+    return [f'<rect x="{WIDTH - right + 16}" y="{ly - 8}" width="12" height="12" rx="2" fill="{color}"/>',
+            _text(WIDTH - right + 34, ly + 2, name)]
+
+
 def line_chart(series: dict[str, list[tuple[float, float]]], colors: dict[str, str], *, xlabel: str,
                ylabel: str) -> str:
     """One line per series over x on a log2 axis (concurrency doubles), y from zero."""
@@ -71,25 +92,14 @@ def line_chart(series: dict[str, list[tuple[float, float]]], colors: dict[str, s
     def sy(y: float) -> float:
         return top + height * (1 - y / yticks[-1])
 
-    body = []
-    for t in yticks:
-        body.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{sy(t):.1f}" y2="{sy(t):.1f}"/>')
-        body.append(_text(left - 6, sy(t) + 4, tick_label(t), "end", "tick"))
-    for x in xs:
-        body.append(_text(sx(x), top + height + 15, tick_label(x), "middle", "tick"))
-    body.append(_text((left + WIDTH - right) / 2, top + height + 32, xlabel, "middle", "axis"))
-    body.append(f'<text class="axis" transform="translate(14 {top + height / 2:.0f}) rotate(-90)" '
-                f'text-anchor="middle">{escape(ylabel)}</text>')
+    body = _frame(yticks, xs, sx, sy, left=left, right=right, top=top, height=height, xlabel=xlabel, ylabel=ylabel)
     for i, (name, pts) in enumerate(series.items()):
         pts = sorted(pts)
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
         body.append(f'<polyline fill="none" stroke="{colors[name]}" stroke-width="2" points="{path}"/>')
         body += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3.5" fill="{colors[name]}">'
                  f'<title>{escape(name)} at {tick_label(x)}: {y:,.1f}</title></circle>' for x, y in pts]
-        ly = top + 8 + i * 18
-        body.append(f'<rect x="{WIDTH - right + 16}" y="{ly - 8}" width="12" height="12" rx="2" '
-                    f'fill="{colors[name]}"/>')
-        body.append(_text(WIDTH - right + 34, ly + 2, name))
+        body += _legend_entry(i, name, colors[name], right=right, top=top)
     return _svg(top + height + 42, body, f"{ylabel} against {xlabel}")
 
 
@@ -114,15 +124,8 @@ def scatter_chart(series: dict[str, list[tuple[float, float, str]]], colors: dic
     def sy(y: float) -> float:
         return top + height * (1 - y / yticks[-1])
 
-    body = []
-    for t in yticks:
-        body.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{sy(t):.1f}" y2="{sy(t):.1f}"/>')
-        body.append(_text(left - 6, sy(t) + 4, tick_label(t), "end", "tick"))
-    for t in xticks:
-        body.append(_text(sx(t), top + height + 15, tick_label(t), "middle", "tick"))
-    body.append(_text((left + WIDTH - right) / 2, top + height + 32, xlabel, "middle", "axis"))
-    body.append(f'<text class="axis" transform="translate(14 {top + height / 2:.0f}) rotate(-90)" '
-                f'text-anchor="middle">{escape(ylabel)}</text>')
+    body = _frame(yticks, xticks, sx, sy, left=left, right=right, top=top, height=height, xlabel=xlabel,
+                  ylabel=ylabel)
     front = pareto(pts)
     if len(front) > 1:
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in front)
@@ -131,10 +134,7 @@ def scatter_chart(series: dict[str, list[tuple[float, float, str]]], colors: dic
         body += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{colors[name]}">'
                  f'<title>{escape(name)} {escape(label)}: {x:,.1f} and {y:,.1f}</title></circle>' for x, y, label in ps]
         body += [_text(sx(x) + 6, sy(y) - 5, label, "start", "tick") for x, y, label in ps]
-        ly = top + 8 + i * 18
-        body.append(f'<rect x="{WIDTH - right + 16}" y="{ly - 8}" width="12" height="12" rx="2" '
-                    f'fill="{colors[name]}"/>')
-        body.append(_text(WIDTH - right + 34, ly + 2, name))
+        body += _legend_entry(i, name, colors[name], right=right, top=top)
     return _svg(top + height + 42, body, f"{ylabel} against {xlabel}")
 
 

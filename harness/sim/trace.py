@@ -121,7 +121,7 @@ _PY_FRAMES = (
 
 def write_trace(path: str | Path, *, model: LatencyModel, steps: Steps, rank: int = 0,
                 world_size: int = 1, batch: int = 1, pad_to_mb: float | None = None,
-                start_ns: int | None = None, seed: int = 0) -> int:
+                start_ns: int | None = None, random_state: int = 0) -> int:
     """Write one rank's trace of `steps` (a list of `Step`, or a count of decode steps at `batch`
     running requests); return its size.
 
@@ -133,7 +133,7 @@ def write_trace(path: str | Path, *, model: LatencyModel, steps: Steps, rank: in
     total_us = sum(step_us(model, s) for s in steps)
     base_ns = (time.time_ns() - int(total_us * 1000)) if start_ns is None else start_ns
     t0 = 5_000_000.0 + 1000.0 * rank  # Kineto's ts is a monotonic clock; base + ts*1000 = wall ns
-    writer = _Writer(path, rank=rank, world_size=world_size, model=model, seed=seed)
+    writer = _Writer(path, rank=rank, world_size=world_size, model=model, random_state=random_state)
     try:
         writer.put(writer.header(t0))
         t = t0
@@ -157,7 +157,7 @@ def write_trace(path: str | Path, *, model: LatencyModel, steps: Steps, rank: in
 class _Writer:
     """Formats events and pushes them through gzip; counters give every event its own ids."""
 
-    def __init__(self, path: Path, *, rank: int, world_size: int, model: LatencyModel, seed: int):
+    def __init__(self, path: Path, *, rank: int, world_size: int, model: LatencyModel, random_state: int):
         self.raw: BinaryIO = open(path, "wb")  # noqa: SIM115  (the writer owns the file: close() closes it)
         self.out: gzip.GzipFile | BinaryIO = (gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=4)
                                               if path.suffix == ".gz" else self.raw)
@@ -167,7 +167,7 @@ class _Writer:
         self.tid = self.pid
         self.ext = self.corr = 1
         self.first = True
-        self.rng = random.Random(seed * 1_000_003 + rank)
+        self.rng = random.Random(random_state * 1_000_003 + rank)
         self.names: dict[str, str] = {}
         self.kernels: dict[Step, list[Kernel]] = {}
 
@@ -337,11 +337,11 @@ simulator's; what vLLM 0.26/0.32's front-end file shows is that it has CPU ops o
 
 
 def write_frontend_trace(path: str | Path, *, pid: int, start_ns: int, end_ns: int, requests: int,
-                         seed: int = 0) -> int:
+                         random_state: int = 0) -> int:
     """vLLM's API-server trace (`{host}_{pid}.async_llm.{ns}.pt.trace.json.gz`): CPU ops on the front
     end's thread over the session, no kernel, no step span, no distributedInfo; return its size."""
     path = Path(path)
-    rng = random.Random(seed)
+    rng = random.Random(random_state)
     t0 = 1_000_000.0
     window = max(1.0, (end_ns - start_ns) / 1000)
     events: list[dict[str, Any]]
