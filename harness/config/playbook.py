@@ -93,6 +93,7 @@ class Config(Strict):
     env: Env = Field(default_factory=dict, description="environment merged over server.env")
     benchmark: dict[str, Any] = Field(default_factory=dict, description="benchmark settings of this "
                                       "configuration's runs, over the playbook's (a matrix's benchmark axes)")
+    nodes: int = Field(1, ge=1, description="hosts one server spans (node 0 serves and benchmarks)")
     description: str | None = None
     _at: tuple[str | int, ...] = PrivateAttr(default=())   # where the playbook wrote it (for error lines)
 
@@ -121,6 +122,21 @@ class Config(Strict):
         return v
 
 
+class Scenario(Strict):
+    """A workload: prompts of exactly `input_tokens`, `output_tokens` out, under closed-loop concurrency
+    or an open-loop request rate."""
+    name: str = Field(description="names the scenario's levels (letters, digits, '.', '_', '-')",
+                      pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    input_tokens: int = Field(ge=1, description="prompt length in the server's tokens")
+    output_tokens: int = Field(ge=1, description="tokens asked of every request")
+    concurrency: list[int] | None = Field(None, description="closed-loop levels (streams in flight)")
+    request_rate: list[float] | None = Field(None, description="open-loop levels, requests a second")
+    arrival: Literal["poisson", "gamma", "constant"] = Field("poisson", description="open loop: the gaps "
+                                                             "between scheduled sends")
+    burstiness: float = Field(1.0, gt=0, description="gamma's shape: 1 is Poisson, below 1 burstier")
+    requests: int | None = Field(None, ge=1, description="requests a level; default: the playbook's rule")
+
+
 class Benchmark(Strict):
     prompt: str | None = Field(None, description="the prompt; default: a synthetic one of prompt_tokens words")
     prompt_tokens: int | None = Field(None, ge=1, description="length of the synthetic prompt")
@@ -135,6 +151,8 @@ class Benchmark(Strict):
     timeout_s: float = Field(600, gt=0, description="per request")
     max_failed_share: float = Field(0.0, ge=0, le=1, description="a run whose level lost more than this "
                                     "share of its requests fails (kind bench); 0: any failed request fails it")
+    scenarios: list[Scenario] = Field(default_factory=list, description="workloads, each its own levels "
+                                      "(instead of prompt, max_tokens and concurrency)")
 
     @field_validator("concurrency", mode="before")
     @classmethod
@@ -260,6 +278,49 @@ def _check_path(path: str) -> None:
                          f"{', '.join(Benchmark.model_fields)})")
 
 
+SLO_METRIC = re.compile(r"^(ttft|itl|tpot|e2e)_ms_(mean|p50|p90|p95|p99|max)$")
+
+
+def _check_slo(slo: dict[str, float]) -> dict[str, float]:
+    for metric, bound in slo.items():
+        if not SLO_METRIC.match(metric):
+            raise ValueError(f"unknown SLO metric {metric!r}: use e.g. ttft_ms_p99, itl_ms_p99, tpot_ms_p50")
+        if bound <= 0:
+            raise ValueError(f"{metric}: a bound in ms is positive")
+    return slo
+
+
+Slo = Annotated[dict[str, float], AfterValidator(_check_slo)]
+
+
+class MaxLoad(Strict):
+    """Per configuration, the highest load that meets the SLO, by bounded bisection in one server's life."""
+    scenario: str | None = Field(None, description="the scenario whose load is searched; default: the first")
+    slo: Slo | None = Field(None, description="bounds; default: the playbook's slo")
+    low: float = Field(gt=0, description="the lowest load tried (concurrency or request rate)")
+    high: float = Field(gt=0, description="the highest load tried")
+    steps: int = Field(6, ge=1, le=32, description="probes at most, the ends included")
+
+
+class Optuna(Strict):
+    """A search over declared flags with Optuna's TPE; every trial is an ordinary run."""
+    space: dict[str, Any] = Field(min_length=1, description="path (args.X, env.X, benchmark.X) -> a list of "
+                                  "choices or {low, high, step, log}")
+    budget: int = Field(ge=1, description="trials (runs) at most")
+    objective: str = Field("output_tok_s", description="what to maximize")
+
+
+class Search(Strict):
+    max_load: MaxLoad | None = None
+    optuna: Optuna | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Search:
+        if (self.max_load is None) == (self.optuna is None):
+            raise ValueError("search takes one of max_load or optuna")
+        return self
+
+
 class Playbook(Strict):
     name: str = Field(description="the sweep's name; sweep ids begin with it (letters, digits, '.', '_', '-')",
                       pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -281,6 +342,10 @@ class Playbook(Strict):
     placement: Literal["pool", "each"] = "pool"
     secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")
     vars: dict[str, Any] = Field(default_factory=dict, description="free variables for the template")
+    slo: Slo = Field(default_factory=dict, description="latency bounds in ms (ttft_ms_p99, itl_ms_p99, ...): "
+                     "goodput counts the requests within every bound")
+    search: Search | None = Field(None, description="max_load: the highest load within the SLO per "
+                                  "configuration; optuna: a search over flags (default: the grid)")
     references: References = Field(default_factory=dict, description="expected results: config name or "
                                    "\"*\" -> metric -> reference, or -> {concurrency: reference}; a miss "
                                    "fails the sweep and compare")
@@ -327,6 +392,21 @@ class Playbook(Strict):
         if twice:
             raise ValueError(f"the matrix makes the configuration {twice!r} twice (an include repeats a point, or "
                              "values that differ only in characters a name cannot hold)")
+        return self
+
+    @model_validator(mode="after")
+    def _not_yet(self):
+        # keys whose behaviour lands piece by piece: refused, never silently ignored
+        if self.benchmark.scenarios or any("scenarios" in c.benchmark for c in self.all_configs):
+            raise ValueError("benchmark.scenarios is not supported yet")
+        if self.slo:
+            raise ValueError("slo is not supported yet")
+        if self.search is not None and self.search.max_load is not None:
+            raise ValueError("search.max_load is not supported yet")
+        if self.search is not None and self.search.optuna is not None:
+            raise ValueError("search.optuna is not supported yet")
+        if any(c.nodes > 1 for c in self.all_configs):
+            raise ValueError("nodes above 1 are not supported yet")
         return self
 
     @model_validator(mode="after")
