@@ -111,6 +111,14 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         raise InputError("--retry-failed and --accept-changes go with --resume", key="--resume")
     if resume:
         sw.sweep_id = latest_sweep(output, sw.playbook.name).name
+    source = None
+    if sw.playbook.optuna is not None:
+        try:
+            from harness.search import Search
+        except ModuleNotFoundError as e:
+            raise InputError(f"search.optuna needs Optuna ({e}): pip install 'harness[search]'",
+                             file=str(playbook), key="search.optuna") from None
+        source = Search(sw, output, resume=resume)   # on resume: the study's runs so far, in sw.runs
     if dry_run and resume:
         from harness.resume import plan_resume
         left = plan_resume(sw, output / sw.sweep_id, retry_failed=retry_failed, accept_changes=accept_changes)
@@ -119,19 +127,21 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         return
     if dry_run:
         return _print_plan(sw, "table")
-    out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}"
+    what = (f"a search of {source.total} runs at most" if source else f"{len(sw.runs)} runs")
+    out.print(f"sweep [bold]{sw.sweep_id}[/]: {what} on {', '.join(h.name for h in sw.hosts)}"
               + (" (resumed)" if resume else ""))
     if jobs and jobs > len(sw.hosts):
         err.print(f"note: --jobs {jobs}, but one run at a time goes to a host: at most {len(sw.hosts)} at once here")
     outcome = Executor(sw, output, jobs=jobs, events=Display(err), fail_fast=fail_fast, retries=retries,
                        deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
                        retry_failed=retry_failed, accept_changes=accept_changes,
-                       argv=sys.argv[1:]).run()
+                       argv=sys.argv[1:], source=source).run()
     if outcome.manifests:
         rows = collect([outcome.sweep_dir])
         out.print(table(rows, title=f"{sw.sweep_id}"))
         if launch := launch_line(rows):
             out.print(launch, markup=False, highlight=False, soft_wrap=True)
+    _print_search([outcome.sweep_dir])
     out.print(f"results: {outcome.sweep_dir}")
     resume_hint = (f"finish it with: harness sweep {playbook} --resume"
                    + (f" -o {output}" if output != Path("results") else ""))
@@ -170,7 +180,18 @@ def _notes(inventory) -> None:
         err.print(Text(f"note: {note}", style="dim"), highlight=False)
 
 
+def _print_search(paths: list[Path]) -> None:
+    """A search's trials and its best, with the best's launch command on a line of its own."""
+    from harness.report.search_view import render_searches
+    for part, launch in render_searches(paths):
+        out.print(part)
+        if launch:
+            out.print(f"launch: {launch}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _print_plan(sw, format: str) -> None:
+    if sw.playbook.optuna is not None:
+        return _print_search_plan(sw, format)
     # pool runs are shown on the host they would take if every run took as long as the others
     entries = []
     for i, run in enumerate(sw.runs):
@@ -189,6 +210,37 @@ def _print_plan(sw, format: str) -> None:
     for e in entries:
         out.rule(f"{e['run_id']}  [dim]on {e['host']}[/]")
         out.print(e["script"], markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_search_plan(sw, format: str) -> None:
+    """What a search will do: its space, budget and objective, and the launch script of its first point."""
+    from harness.config import space
+    from harness.plan import search_run
+    settings = sw.playbook.optuna
+    example = search_run(sw, space.first_point(settings.space))
+    script = sw.render(example, sw.hosts[0]).script
+    grid = space.size(settings.space)
+    plan = {"sampler": "tpe", "budget": settings.budget, "objective": settings.objective,
+            "direction": "maximize" if settings.maximize else "minimize", "level": settings.level,
+            "patience": settings.patience, "random_state": settings.random_state,
+            "startup_trials": settings.startup_trials, "space": space.describe(settings.space), "grid_size": grid,
+            "hosts": [h.name for h in sw.hosts],
+            "example": {"run_id": example.run_id, "config": example.config.name, "script": script}}
+    if format == "json":
+        print(json.dumps(plan, indent=2))
+        return
+    level = f"concurrency {settings.level}" if settings.level else "the highest level measured"
+    lines = [f"a search with Optuna's TPE: {settings.budget} runs at most over {len(sw.hosts)} host(s), one trial "
+             f"per free host; {plan['direction']} {settings.objective} at {level}"]
+    if settings.patience:
+        lines.append(f"stops early after {settings.patience} runs in a row that do not beat the best")
+    lines.append(f"the first {min(settings.startup_trials, settings.budget)} trials at random"
+                 + (f" (random_state {settings.random_state})" if settings.random_state is not None else ""))
+    lines.append("space" + (f" ({grid} points as a grid):" if grid else " (continuous):"))
+    lines += [f"  {line}" for line in space.describe(settings.space)]
+    out.print("\n".join(lines), highlight=False, markup=False)
+    out.rule(f"the first point, {example.run_id}  [dim]on {sw.hosts[0].name}[/]")
+    out.print(script, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -301,6 +353,7 @@ def compare(results: list[Path],
         out.print(cmp.table(rows))
         if launch := cmp.launch_line(rows):
             out.print(launch, markup=False, highlight=False, soft_wrap=True)
+        _print_search(results)
     elif format in ("json", "csv", "markdown"):
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
     else:

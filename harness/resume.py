@@ -24,8 +24,10 @@ from harness.journal import latest_states
 from harness.plan import RunSpec, Sweep
 from harness.results import SweepLayout, SweepRecord, read_sweep
 
-NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references", "name")
-"""Playbook keys that do not change what a run measures (where it runs is placement, not input)."""
+NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references", "name", "search")
+"""Playbook keys that do not change what a run measures (where it runs is placement, not input; a
+search's settings choose runs, each run's configuration holds its values, so a resumed search may
+raise its budget)."""
 
 
 def run_inputs(sweep: Sweep, spec: RunSpec) -> dict[str, Any]:
