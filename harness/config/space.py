@@ -112,8 +112,8 @@ def entry(value: Any) -> Entry:
     if isinstance(value, dict):
         try:
             return Range.model_validate(value)
-        except ValidationError as e:
-            first = e.errors()[0]
+        except ValidationError as e:   # an unknown key first: a misspelt one also makes one missing
+            first = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")[0]
             where = ".".join(map(str, first["loc"]))
             message = str(first["msg"]).removeprefix("Value error, ")
             if first["type"] == "extra_forbidden":
