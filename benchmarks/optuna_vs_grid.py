@@ -14,8 +14,8 @@ the harness's defaults (10 random trials first, constant liar), asked and told o
 same space (Optuna's RandomSampler, same rule for repeats) is the second baseline. For each of
 `--states` random states it reports:
 
-- runs until the search's best equals the grid's best (capped at `--cap`, by default the grid's 512; a search that has not
-  reached it by then counts as the cap),
+- runs until the search's best equals the grid's best (capped at `--cap`, by default the grid's 512;
+  a search that has not reached it by then counts as the cap),
 - the best after a budget of 20 runs, as a share of the grid's best.
 
 Each figure is the median over the random states with [min, max].

@@ -218,3 +218,125 @@ def test_plan_shows_the_space_budget_and_first_script_without_touching_a_host(tm
     assert as_json["budget"] == 20 and as_json["grid_size"] is None and as_json["direction"] == "maximize"
     assert as_json["example"]["run_id"].startswith("base_tensor-parallel-size-1_enforce-eager_")
     assert not (tmp_path / "results").exists()
+
+
+# --- the trial loop, in-process: the real study in SQLite, run folders written as a run leaves them ----
+
+LOOP = """\
+name: loop
+hosts: localhost
+engine: sim
+model: {path: /m}
+benchmark: {concurrency: [8]}
+search:
+  optuna:
+    space:
+      args.tp-size: [1, 2, 4, 8]
+      args.ep-size: [1, 2, 4, 8]
+    budget: 12
+    random_state: 0
+    startup_trials: 2
+"""
+
+
+def _end(search, spec, value: float | None):
+    """What the executor does once a run ended: its folder written, then the source told."""
+    layout = search.layout.run(spec.run_id)
+    manifest = RunManifest.model_validate({
+        "run_id": spec.run_id, "config": {"name": spec.config.name}, "status": "ok" if value else "failed",
+        **({} if value else {"error": {"kind": "oom", "message": "out of memory"}})})
+    write_model(layout.manifest, manifest)
+    if value:
+        write_json(layout.bench, {"schema": "harness.bench/1", "levels": [{"concurrency": 8, "output_tok_s": value}]})
+    search.ended(manifest)
+
+
+def _search(tmp_path, playbook=LOOP, *, resume=False, sweep_id=None):
+    from harness.search import Search
+    sweep = load(tmp_path, playbook)
+    if sweep_id:
+        sweep.sweep_id = sweep_id
+    return Search(sweep, tmp_path / "results", resume=resume)
+
+
+def _read(search) -> dict:
+    return json.loads(search.layout.search.read_text())
+
+
+def test_patience_stops_the_search_after_that_many_runs_that_did_not_beat_the_best(tmp_path):
+    search = _search(tmp_path, LOOP.replace("    budget: 12\n", "    budget: 12\n    patience: 3\n"))
+    values = iter([500.0, 400.0, None, 450.0, 900.0])
+    ran = []
+    while (spec := search.next()) is not None:
+        ran.append(spec.run_id)
+        _end(search, spec, next(values))
+    assert len(ran) == 4   # the best came first; a worse one, a failed one and a worse one make 3
+    found = _read(search)
+    assert found["stopped"] == "3 runs in a row did not beat the best (patience 3)"
+    assert [t["state"] for t in found["trials"] if t["state"] != "duplicate"] == [
+        "complete", "complete", "failed", "complete"]
+    assert found["best"]["run_id"] == ran[0] and found["best"]["value"] == 500.0
+
+
+def test_a_failed_run_is_a_failed_trial_and_a_point_proposed_again_is_not_run_again(tmp_path):
+    import optuna
+    search = _search(tmp_path, LOOP.replace("[1, 2, 4, 8]\n    budget: 12", "[1, 2]\n    budget: 12"))
+    ran = []
+    while (spec := search.next()) is not None:
+        ran.append(spec.run_id)
+        _end(search, spec, None if "tp-size-2" in spec.run_id else 100.0 * len(ran))
+    assert len(ran) == len(set(ran)) == 8   # every point of the 4 x 2 space once, then it stops
+    found = _read(search)
+    assert found["stopped"] == "every point of the space (8) has run" and found["runs"] == 8
+    study = optuna.load_study(study_name=search.sweep.sweep_id, storage=f"sqlite:///{search.layout.study}")
+    by_number = {t.number: t for t in study.trials}
+    for trial in study.trials:
+        run_id = trial.user_attrs["run_id"]
+        if "duplicate_of" in trial.user_attrs:   # told the earlier run's result, or failed with it
+            earlier = by_number[trial.user_attrs["duplicate_of"]]
+            assert earlier.user_attrs["run_id"] == run_id and trial.value == earlier.value
+        else:
+            assert trial.state.name == ("FAIL" if "tp-size-2" in run_id else "COMPLETE")
+    failed = [t for t in found["trials"] if t["state"] == "failed"]
+    assert failed and all(t["reason"] == "oom: out of memory" and t["value"] is None for t in failed)
+
+
+def test_a_resumed_search_has_the_runs_so_far_and_asks_on_from_there(tmp_path):
+    first = _search(tmp_path)
+    done = first.next()
+    running = first.next()
+    assert done is not None and running is not None
+    _end(first, done, 300.0)                     # `running` was in flight when the orchestrator died
+    again = _search(tmp_path, resume=True, sweep_id=first.sweep.sweep_id)
+    assert [r.run_id for r in again.sweep.runs] == [done.run_id, running.run_id]
+    assert again.trial_of == {done.run_id: 0, running.run_id: 1}
+    _end(again, running, 200.0)                  # the executor ran it again: told under its own number
+    fresh = again.next()
+    assert fresh is not None and fresh.run_id not in (done.run_id, running.run_id)
+    trials = _read(again)["trials"]
+    assert [(t["number"], t["value"]) for t in trials[:2]] == [(0, 300.0), (1, 200.0)]
+    assert (trials[-1]["run_id"], trials[-1]["state"]) == (fresh.run_id, "running")
+
+
+def test_a_resumed_search_whose_run_ended_before_it_was_told_is_told_from_its_folder(tmp_path):
+    from harness.journal import Journal
+    first = _search(tmp_path)
+    spec = first.next()
+    assert spec is not None
+    layout = first.layout.run(spec.run_id)
+    write_model(layout.manifest, RunManifest.model_validate({"run_id": spec.run_id, "config": {"name": "x"},
+                                                             "status": "ok"}))
+    write_json(layout.bench, {"schema": "harness.bench/1", "levels": [{"concurrency": 8, "output_tok_s": 77.0}]})
+    Journal(first.layout.journal).append(spec.run_id, "ok", host="localhost")   # killed before the tell
+    again = _search(tmp_path, resume=True, sweep_id=first.sweep.sweep_id)
+    assert again.next() is not None
+    assert _read(again)["trials"][0] | {"state": "complete", "value": 77.0} == _read(again)["trials"][0]
+
+
+def test_a_resumed_search_refuses_a_changed_objective_naming_the_key(tmp_path):
+    first = _search(tmp_path)
+    assert first.next() is not None
+    with pytest.raises(InputError) as e:
+        _search(tmp_path, LOOP.replace("    budget: 12\n", "    budget: 12\n    objective: itl_ms_p50\n"),
+                resume=True, sweep_id=first.sweep.sweep_id)
+    assert e.value.key == "search.optuna.objective" and "start a new sweep" in str(e.value)
