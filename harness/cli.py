@@ -124,6 +124,9 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         left = plan_resume(sw, output / sw.sweep_id, retry_failed=retry_failed, accept_changes=accept_changes)
         out.print(f"--resume of {sw.sweep_id} would run {len(left.todo)} of {len(sw.runs)} runs: "
                   + (", ".join(s.run_id for s in left.todo) or "none"))
+        if source is not None:
+            out.print(f"then new trials until the budget of {source.total} runs ({len(source.trial_of)} asked so "
+                      "far), the patience or the space ends the search", highlight=False)
         return
     if dry_run:
         return _print_plan(sw, "table")

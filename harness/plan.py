@@ -223,6 +223,12 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
     sweep.runs = [] if pb.optuna else expand(pb, hosts, doc)   # a search's runs come as it goes
     sweep.validate()
     if pb.optuna:   # the template's mistakes before any host, on the space's first point
+        for path in pb.optuna.space:
+            section, name = path.split(".", 1)
+            if section != "benchmark" and is_secret(name, sweep.secret_names):
+                where = ("search", "optuna", "space", path)
+                raise InputError("a secret is not searched: its values would name the runs (run ids, the "
+                                 "study, the report)", file=str(doc.path), key=".".join(where), line=doc.line(where))
         example = search_run(sweep, space.first_point(pb.optuna.space))
         for host in hosts:
             sweep.render(example, host)

@@ -124,6 +124,14 @@ def test_a_bad_space_entry_names_its_key_and_line(tmp_path, entry, key, message)
     assert e.value.line == bad.splitlines().index(f"      {entry}") + 1 or key == "search.optuna.space"
 
 
+def test_a_secret_is_not_searched(tmp_path):
+    bad = PLAYBOOK.replace("      env.NCCL_ALGO: [Ring, Tree]\n", "      env.HF_TOKEN: [a, b]\n")
+    with pytest.raises(InputError) as e:
+        load(tmp_path, bad)
+    assert e.value.key == "search.optuna.space.env.HF_TOKEN" and "secret" in str(e.value)
+    assert e.value.line == bad.splitlines().index("      env.HF_TOKEN: [a, b]") + 1
+
+
 @pytest.mark.parametrize("change, key, message", [
     (("    budget: 20\n", "    budget: 0\n"), "search.optuna.budget", "greater than or equal to 1"),
     (("    patience: 5\n", "    objective: tokens\n"), "search.optuna.objective", "unknown objective 'tokens'"),
