@@ -348,3 +348,17 @@ def test_a_resumed_search_refuses_a_changed_objective_naming_the_key(tmp_path):
         _search(tmp_path, LOOP.replace("    budget: 12\n", "    budget: 12\n    objective: itl_ms_p50\n"),
                 resume=True, sweep_id=first.sweep.sweep_id)
     assert e.value.key == "search.optuna.objective" and "start a new sweep" in str(e.value)
+
+
+def test_the_commands_that_do_not_search_never_import_optuna():
+    import subprocess
+    import sys
+    code = ("import sys, harness.cli, harness.plan, harness.executor, harness.resume, harness.report.compare, "
+            "harness.report.html, harness.report.search_view; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'optuna', 'sqlalchemy', 'numpy'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    shown = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", "--help"], capture_output=True,
+                           text=True)
+    assert shown.returncode == 0 and "sweep" in shown.stdout
+    assert "optuna" not in shown.stderr and "harness.search" not in shown.stderr
