@@ -119,6 +119,7 @@ class Search:
         self.resume = resume
         self._study: optuna.Study | None = None
         self._settled = not resume
+        self._told: set[tuple[str, float | None]] = set()   # (run id, its start): each run told once
         optuna.logging.set_verbosity(logging.WARNING)   # the live display says what happens, not Optuna's log
         if resume and self.layout.study.exists():
             self._load()
@@ -164,12 +165,15 @@ class Search:
                 self.sweep.runs.append(spec)
 
     def _settle(self, study: optuna.Study) -> None:
-        """Once, on resume: a trial still running whose run ended before the orchestrator died is told now."""
+        """Once, on resume: a trial still running whose run ended before the orchestrator died is told now
+        (one that never became a run is failed: nothing would ever tell it)."""
         self._settled = True
         states = latest_states(self.layout.journal)
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             run_id = trial.user_attrs.get(RUN_ID)
-            if run_id in states and states[run_id].state in FINAL:
+            if run_id is None:   # asked, and the orchestrator died before it became a run: none to wait for
+                study.tell(trial.number, state=TrialState.FAIL)
+            elif run_id in states and states[run_id].state in FINAL:
                 try:
                     manifest = load_run(self.layout.run(run_id)).manifest
                 except Unreadable:
@@ -224,12 +228,18 @@ class Search:
                 return
             try:
                 study = self._open()
+                if not self._settled:
+                    self._settle(study)
                 self._tell(study, number, manifest)
                 self._write(study)
             except Exception as e:  # the run's results stand; the trial stays running, told on --resume
                 self.stopped = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
 
     def _tell(self, study: optuna.Study, number: int, manifest: RunManifest) -> None:
+        told = (manifest.run_id, manifest.started)
+        if told in self._told:   # the resume's settling read this run's manifest before the executor told it
+            return
+        self._told.add(told)
         value, _ = objective_of(manifest, self.layout, self.settings)
         trial = study.get_trials(deepcopy=False)[number]
         if trial.state == TrialState.RUNNING:
