@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -423,6 +424,23 @@ class Playbook(Strict):
                 raise ValueError(f"configuration name {name!r} appears twice")
         return [c.written_at(("configs", i)) for i, c in enumerate(configs)]
 
+    @field_validator("search")
+    @classmethod
+    def _one_search_base(cls, v: Search | None, info: ValidationInfo) -> Search | None:
+        # a trial is one run of one configuration: the space's values over the playbook's one configuration
+        if v is None or v.optuna is None:
+            return v
+        if info.data.get("matrix") is not None:
+            raise ValueError("search.optuna searches its space instead of a matrix: write the matrix's axes "
+                             "as the space (lists of choices)")
+        if len(info.data.get("configs") or []) > 1:
+            raise ValueError("search.optuna builds every trial on one configuration: keep one under configs "
+                             "(or none), or put what differs between them in the space")
+        if info.data.get("repeat", 1) != 1 or info.data.get("placement", "pool") != "pool":
+            raise ValueError("search.optuna runs every trial once on whichever host is free: leave repeat at 1 "
+                             "and placement at pool")
+        return v
+
     @cached_property
     def all_configs(self) -> list[Config]:
         """What runs: the configurations as written, or the matrix's points (crossed with them)."""
@@ -474,22 +492,6 @@ class Playbook(Strict):
     @property
     def optuna(self) -> Optuna | None:
         return self.search.optuna if self.search is not None else None
-
-    @model_validator(mode="after")
-    def _one_search_base(self):
-        # a trial is one run of one configuration: the space's values over the playbook's one configuration
-        if self.optuna is None:
-            return self
-        if self.matrix is not None:
-            raise ValueError("search.optuna searches its space instead of a matrix: write the matrix's axes "
-                             "as the space (lists of choices)")
-        if len(self.configs) > 1:
-            raise ValueError("search.optuna builds every trial on one configuration: keep one under configs "
-                             "(or none), or put what differs between them in the space")
-        if self.repeat != 1 or self.placement != "pool":
-            raise ValueError("search.optuna runs every trial once on whichever host is free: leave repeat at 1 "
-                             "and placement at pool")
-        return self
 
     @model_validator(mode="after")
     def _engine_needs(self):

@@ -149,10 +149,12 @@ def test_bad_search_settings_name_their_key_and_line(tmp_path, change, key, mess
 @pytest.mark.parametrize("extra, message", [
     ("repeat: 3\n", "leave repeat at 1"),
     ("matrix: {axes: {args.x: [1, 2]}}\n", "instead of a matrix"),
+    ("placement: each\n", "placement at pool"),
 ])
 def test_what_a_search_cannot_combine_with_is_refused(tmp_path, extra, message):
-    with pytest.raises(InputError, match=message):
-        load(tmp_path, PLAYBOOK + extra)
+    with pytest.raises(InputError, match=message) as e:
+        load(tmp_path, extra + PLAYBOOK)
+    assert e.value.key == "search" and e.value.line == (extra + PLAYBOOK).splitlines().index("search:") + 1
 
 
 def test_a_latency_objective_is_minimized_unless_told_otherwise(tmp_path):
