@@ -154,6 +154,9 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if outcome.fatal:
         err.print(Text.assemble(("error: ", "red"), outcome.fatal), soft_wrap=True)
         raise typer.Exit(1)
+    if source is not None and source.failure:
+        err.print(Text.assemble(("error: ", "red"), source.failure), soft_wrap=True)
+        raise typer.Exit(1)
     misses = sweep_misses(outcome.sweep_dir)
     for miss in misses:
         err.print(Text.assemble(("reference missed: ", "red"), str(miss)), highlight=False)

@@ -115,7 +115,8 @@ class Search:
         self.distributions = {path: distribution(e) for path, e in settings.space.items()}
         self.grid_size = size(settings.space)
         self.trial_of: dict[str, int] = {}        # run id -> the number of the trial that made it
-        self.stopped: str | None = None
+        self.stopped: str | None = None           # why no more trials are asked
+        self.failure: str | None = None           # the study itself failed (the sweep says so and exits 1)
         self.resume = resume
         self._study: optuna.Study | None = None
         self._settled = not resume
@@ -189,9 +190,9 @@ class Search:
             try:
                 return self._next()
             except InputError as e:   # a changed objective on resume, named with its key
-                self.stopped = str(e)
+                self.stopped = self.failure = str(e)
             except Exception as e:  # the study's database failed us: no more trials, the runs in flight end
-                self.stopped = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
+                self.stopped = self.failure = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
             return None
 
     def _next(self) -> RunSpec | None:
@@ -233,7 +234,7 @@ class Search:
                 self._tell(study, number, manifest)
                 self._write(study)
             except Exception as e:  # the run's results stand; the trial stays running, told on --resume
-                self.stopped = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
+                self.stopped = self.failure = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
 
     def _tell(self, study: optuna.Study, number: int, manifest: RunManifest) -> None:
         told = (manifest.run_id, manifest.started)

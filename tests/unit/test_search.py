@@ -368,3 +368,10 @@ def test_the_commands_that_do_not_search_never_import_optuna():
                            text=True)
     assert shown.returncode == 0 and "sweep" in shown.stdout
     assert "optuna" not in shown.stderr and "harness.search" not in shown.stderr
+
+
+def test_a_study_that_cannot_be_opened_asks_no_trial_and_says_why(tmp_path):
+    search = _search(tmp_path)
+    search.layout.study.mkdir(parents=True)   # a folder where the SQLite file would be
+    assert search.next() is None
+    assert search.failure is not None and search.failure.startswith(f"the study in {search.layout.study} failed")
