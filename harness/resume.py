@@ -24,15 +24,15 @@ from harness.journal import latest_states
 from harness.plan import RunSpec, Sweep
 from harness.results import SweepLayout, SweepRecord, read_sweep
 
-NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references", "name", "search")
-"""Playbook keys that do not change what a run measures (where it runs is placement, not input; a
-search's settings choose runs, each run's configuration holds its values, so a resumed search may
-raise its budget)."""
+NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references", "name")
+"""Playbook keys that do not change what a run measures (where it runs is placement, not input)."""
 
 
 def run_inputs(sweep: Sweep, spec: RunSpec) -> dict[str, Any]:
     """The inputs of one run, as plain data (secrets as the redactor shows them)."""
     pb = sweep.playbook.model_dump(mode="json", exclude=set(NOT_INPUTS))
+    if (pb.get("search") or {}).get("optuna") is not None:
+        pb["search"]["optuna"] = None   # it chooses runs, whose configurations hold its values: a budget may grow
     config = spec.config.model_dump(mode="json")
     config.pop("description", None)
     if not config.get("benchmark"):

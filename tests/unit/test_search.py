@@ -375,3 +375,16 @@ def test_a_study_that_cannot_be_opened_asks_no_trial_and_says_why(tmp_path):
     search.layout.study.mkdir(parents=True)   # a folder where the SQLite file would be
     assert search.next() is None
     assert search.failure is not None and search.failure.startswith(f"the study in {search.layout.study} failed")
+
+
+def test_a_larger_budget_or_patience_leaves_every_runs_inputs_as_they_were(tmp_path):
+    """What --resume compares: a search's settings choose runs and are no run's input, so the budget
+    of a resumed search may grow; a run's own values are (they are in its configuration)."""
+    from harness.resume import fingerprint, run_inputs
+    point = {"args.tensor-parallel-size": 2}
+    before = load(tmp_path)
+    grown = load(tmp_path, PLAYBOOK.replace("budget: 20", "budget: 40").replace("patience: 5", "patience: 9"))
+    assert fingerprint(run_inputs(before, search_run(before, point))) == \
+        fingerprint(run_inputs(grown, search_run(grown, point)))
+    assert fingerprint(run_inputs(before, search_run(before, point))) != \
+        fingerprint(run_inputs(before, search_run(before, {"args.tensor-parallel-size": 4})))
