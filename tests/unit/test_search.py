@@ -388,3 +388,9 @@ def test_a_larger_budget_or_patience_leaves_every_runs_inputs_as_they_were(tmp_p
         fingerprint(run_inputs(grown, search_run(grown, point)))
     assert fingerprint(run_inputs(before, search_run(before, point))) != \
         fingerprint(run_inputs(before, search_run(before, {"args.tensor-parallel-size": 4})))
+
+
+def test_the_shipped_search_playbook_plans():
+    from tests.remote_venv import REPO
+    sweep = load_sweep(REPO / "playbooks" / "search.yaml", REPO / "inventory.yaml")
+    assert sweep.playbook.optuna is not None and space.size(sweep.playbook.optuna.space) == 96
