@@ -220,33 +220,15 @@ def _print_plan(sw, format: str) -> None:
 
 def _print_search_plan(sw, format: str) -> None:
     """What a search will do: its space, budget and objective, and the launch script of its first point."""
-    from harness.config import space
-    from harness.plan import search_run
-    settings = sw.playbook.optuna
-    example = search_run(sw, space.first_point(settings.space))
-    script = sw.render(example, sw.hosts[0]).script
-    grid = space.size(settings.space)
-    plan = {"sampler": "tpe", "budget": settings.budget, "objective": settings.objective,
-            "direction": "maximize" if settings.maximize else "minimize", "level": settings.level,
-            "patience": settings.patience, "random_state": settings.random_state,
-            "startup_trials": settings.startup_trials, "space": space.describe(settings.space), "grid_size": grid,
-            "hosts": [h.name for h in sw.hosts],
-            "example": {"run_id": example.run_id, "config": example.config.name, "script": script}}
+    from harness.plan import search_plan
+    from harness.report.search_view import plan_text
+    plan = search_plan(sw)
     if format == "json":
         print(json.dumps(plan, indent=2))
         return
-    level = f"concurrency {settings.level}" if settings.level else "the highest level measured"
-    lines = [f"a search with Optuna's TPE: {settings.budget} runs at most over {len(sw.hosts)} host(s), one trial "
-             f"per free host; {plan['direction']} {settings.objective} at {level}"]
-    if settings.patience:
-        lines.append(f"stops early after {settings.patience} runs in a row that do not beat the best")
-    lines.append(f"the first {min(settings.startup_trials, settings.budget)} trials at random"
-                 + (f" (random_state {settings.random_state})" if settings.random_state is not None else ""))
-    lines.append("space" + (f" ({grid} points as a grid):" if grid else " (continuous):"))
-    lines += [f"  {line}" for line in space.describe(settings.space)]
-    out.print("\n".join(lines), highlight=False, markup=False)
-    out.rule(f"the first point, {example.run_id}  [dim]on {sw.hosts[0].name}[/]")
-    out.print(script, markup=False, highlight=False, soft_wrap=True)
+    out.print(plan_text(plan), highlight=False, markup=False)
+    out.rule(f"the first point, {plan['example']['run_id']}  [dim]on {plan['example']['host']}[/]")
+    out.print(plan["example"]["script"], markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -191,6 +191,21 @@ def search_run(sweep: Sweep, point: dict[str, Any]) -> RunSpec:
     return RunSpec(f"{config.name}-1", config, 1, tuple(sweep.hosts), bench)
 
 
+def search_plan(sweep: Sweep) -> dict[str, Any]:
+    """What `harness plan` says of a search: its settings, its space and the first point's script."""
+    settings = sweep.playbook.optuna
+    assert settings is not None  # only a searching playbook is planned as a search
+    example = search_run(sweep, space.first_point(settings.space))
+    host = sweep.hosts[0]
+    return {"sampler": "tpe", "budget": settings.budget, "objective": settings.objective,
+            "direction": "maximize" if settings.maximize else "minimize", "level": settings.level,
+            "patience": settings.patience, "random_state": settings.random_state,
+            "startup_trials": settings.startup_trials, "space": space.describe(settings.space),
+            "grid_size": space.size(settings.space), "hosts": [h.name for h in sweep.hosts],
+            "example": {"run_id": example.run_id, "config": example.config.name, "host": host.name,
+                        "script": sweep.render(example, host).script}}
+
+
 def new_sweep_id(name: str) -> str:
     return f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 

@@ -6,6 +6,7 @@ It reads what harness.search wrote, never the study, so nothing here loads Optun
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Group
@@ -82,3 +83,16 @@ def render_search(search: SearchFile) -> Group:
 def render_searches(paths: list[Path]) -> list[tuple[Group, str | None]]:
     """Each search's table and best line, and the best run's launch command (printed whole, apart)."""
     return [(render_search(search), best_launch(sweep_dir, search)) for sweep_dir, search in searches(paths)]
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """`harness plan`'s words for a search (harness.plan.search_plan)."""
+    level = f"concurrency {plan['level']}" if plan["level"] else "the highest level measured"
+    lines = [f"a search with Optuna's TPE: {plan['budget']} runs at most over {len(plan['hosts'])} host(s), one "
+             f"trial per free host; {plan['direction']} {plan['objective']} at {level}"]
+    if plan["patience"]:
+        lines.append(f"stops early after {plan['patience']} runs in a row that do not beat the best")
+    lines.append(f"the first {min(plan['startup_trials'], plan['budget'])} trials at random"
+                 + (f" (random_state {plan['random_state']})" if plan["random_state"] is not None else ""))
+    lines.append("space" + (f" ({plan['grid_size']} points as a grid):" if plan["grid_size"] else " (continuous):"))
+    return "\n".join(lines + [f"  {line}" for line in plan["space"]])
