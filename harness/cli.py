@@ -111,27 +111,40 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         raise InputError("--retry-failed and --accept-changes go with --resume", key="--resume")
     if resume:
         sw.sweep_id = latest_sweep(output, sw.playbook.name).name
+    source = None
+    if sw.playbook.optuna is not None:
+        try:
+            from harness.search import Search
+        except ModuleNotFoundError as e:
+            raise InputError(f"search.optuna needs Optuna ({e}): pip install 'harness[search]'",
+                             file=str(playbook), key="search.optuna") from None
+        source = Search(sw, output, resume=resume)   # on resume: the study's runs so far, in sw.runs
     if dry_run and resume:
         from harness.resume import plan_resume
         left = plan_resume(sw, output / sw.sweep_id, retry_failed=retry_failed, accept_changes=accept_changes)
         out.print(f"--resume of {sw.sweep_id} would run {len(left.todo)} of {len(sw.runs)} runs: "
                   + (", ".join(s.run_id for s in left.todo) or "none"))
+        if source is not None:
+            out.print(f"then new trials until the budget of {source.total} runs ({len(source.trial_of)} asked so "
+                      "far), the patience or the space ends the search", highlight=False)
         return
     if dry_run:
         return _print_plan(sw, "table")
-    out.print(f"sweep [bold]{sw.sweep_id}[/]: {len(sw.runs)} runs on {', '.join(h.name for h in sw.hosts)}"
+    what = (f"a search of {source.total} runs at most" if source else f"{len(sw.runs)} runs")
+    out.print(f"sweep [bold]{sw.sweep_id}[/]: {what} on {', '.join(h.name for h in sw.hosts)}"
               + (" (resumed)" if resume else ""))
     if jobs and jobs > len(sw.hosts):
         err.print(f"note: --jobs {jobs}, but one run at a time goes to a host: at most {len(sw.hosts)} at once here")
     outcome = Executor(sw, output, jobs=jobs, events=Display(err), fail_fast=fail_fast, retries=retries,
                        deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
                        retry_failed=retry_failed, accept_changes=accept_changes,
-                       argv=sys.argv[1:]).run()
+                       argv=sys.argv[1:], source=source).run()
     if outcome.manifests:
         rows = collect([outcome.sweep_dir])
         out.print(table(rows, title=f"{sw.sweep_id}"))
         if launch := launch_line(rows):
             out.print(launch, markup=False, highlight=False, soft_wrap=True)
+    _print_search([outcome.sweep_dir])
     out.print(f"results: {outcome.sweep_dir}")
     resume_hint = (f"finish it with: harness sweep {playbook} --resume"
                    + (f" -o {output}" if output != Path("results") else ""))
@@ -140,6 +153,9 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         raise typer.Exit(130)
     if outcome.fatal:
         err.print(Text.assemble(("error: ", "red"), outcome.fatal), soft_wrap=True)
+        raise typer.Exit(1)
+    if source is not None and source.failure:
+        err.print(Text.assemble(("error: ", "red"), source.failure), soft_wrap=True)
         raise typer.Exit(1)
     misses = sweep_misses(outcome.sweep_dir)
     for miss in misses:
@@ -170,7 +186,18 @@ def _notes(inventory) -> None:
         err.print(Text(f"note: {note}", style="dim"), highlight=False)
 
 
+def _print_search(paths: list[Path]) -> None:
+    """A search's trials and its best, with the best's launch command on a line of its own."""
+    from harness.report.search_view import render_searches
+    for part, launch in render_searches(paths):
+        out.print(part)
+        if launch:
+            out.print(f"launch: {launch}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _print_plan(sw, format: str) -> None:
+    if sw.playbook.optuna is not None:
+        return _print_search_plan(sw, format)
     # pool runs are shown on the host they would take if every run took as long as the others
     entries = []
     for i, run in enumerate(sw.runs):
@@ -189,6 +216,19 @@ def _print_plan(sw, format: str) -> None:
     for e in entries:
         out.rule(f"{e['run_id']}  [dim]on {e['host']}[/]")
         out.print(e["script"], markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_search_plan(sw, format: str) -> None:
+    """What a search will do: its space, budget and objective, and the launch script of its first point."""
+    from harness.plan import search_plan
+    from harness.report.search_view import plan_text
+    plan = search_plan(sw)
+    if format == "json":
+        print(json.dumps(plan, indent=2))
+        return
+    out.print(plan_text(plan), highlight=False, markup=False)
+    out.rule(f"the first point, {plan['example']['run_id']}  [dim]on {plan['example']['host']}[/]")
+    out.print(plan["example"]["script"], markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -301,6 +341,7 @@ def compare(results: list[Path],
         out.print(cmp.table(rows))
         if launch := cmp.launch_line(rows):
             out.print(launch, markup=False, highlight=False, soft_wrap=True)
+        _print_search(results)
     elif format in ("json", "csv", "markdown"):
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
     else:

@@ -26,6 +26,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import tenacity
 
@@ -71,6 +72,16 @@ class Outcome:
         return [m for m in self.manifests if m.status == "failed"]
 
 
+class RunSource(Protocol):
+    """Runs decided while the sweep goes (a search, harness.search): asked for one more whenever a host
+    is free and no run waits, told every run that ends. `next` returns None when it has none to give now."""
+    total: int
+
+    def next(self) -> RunSpec | None: ...
+
+    def ended(self, manifest: RunManifest) -> None: ...
+
+
 class Stopped(Exception):
     """The sweep stopped (Ctrl-C, SIGTERM, --fail-fast) while a run waited to try again: no new attempt."""
 
@@ -95,8 +106,8 @@ class Executor:
                  fail_fast: bool = False, retries: int = 1, deadline: dt.datetime | None = None,
                  lease_s: float = 60.0, host_retries: int = 5, resume: bool = False,
                  retry_failed: bool = False, accept_changes: bool = False, argv: list[str] | None = None,
-                 connect: Connect = connect_over_transport):
-        self.sweep, self.fail_fast, self.retries = sweep, fail_fast, retries
+                 connect: Connect = connect_over_transport, source: RunSource | None = None):
+        self.sweep, self.fail_fast, self.retries, self.source = sweep, fail_fast, retries, source
         self.deadline, self.lease_s, self.argv = deadline, lease_s, argv or []
         self.events: Events = events or Quiet()
         self.layout = SweepLayout.of(results, sweep.sweep_id)
@@ -135,8 +146,8 @@ class Executor:
         self._write_sweep_json(finished=None)
         for spec in self.todo:
             self.journal.append(spec.run_id, "pending", config=spec.config.name)
-        self.events.start(total=len(self.sweep.runs), done=len(self.outcome.manifests),
-                          hosts=list(self.pool.states))
+        total = self.source.total if self.source else len(self.sweep.runs)
+        self.events.start(total=total, done=len(self.outcome.manifests), hosts=list(self.pool.states))
         workers = [threading.Thread(target=self._worker, args=(s,), name=f"worker-{n}", daemon=True)
                    for n, s in self.pool.states.items()]
         previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
@@ -174,6 +185,11 @@ class Executor:
                     if any(h.name == state.host.name for h in spec.hosts):
                         self.held += 1
                         return self.todo.pop(i)
+                if self.source is not None and (grown := self.source.next()) is not None:
+                    self.sweep.runs.append(grown)
+                    self.journal.append(grown.run_id, "pending", config=grown.config.name)
+                    self.held += 1
+                    return grown
                 if not self.held:
                     return None
                 self.changed.wait(1.0)
@@ -332,6 +348,8 @@ class Executor:
                 return  # torn down by the interrupt, which journaled it
         self.journal.append(spec.run_id, manifest.status, host=state.host.name,
                             error_kind=manifest.error and manifest.error.kind, attempts=manifest.attempts)
+        if self.source is not None:
+            self.source.ended(manifest)
         with self.lock:
             self.outcome.manifests.append(manifest)
         self.events.done(manifest)

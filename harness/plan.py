@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import harness
+from harness.config import space
 from harness.config.inventory import Host, Inventory, load_inventory
 from harness.config.playbook import Benchmark, Config, Playbook, load_playbook
 from harness.config.yamlfile import Loc, YamlDoc
@@ -174,6 +175,37 @@ def expand(pb: Playbook, hosts: list[Host], doc: YamlDoc | None = None) -> list[
     return runs
 
 
+def search_run(sweep: Sweep, point: dict[str, Any]) -> RunSpec:
+    """The run of one point of `search.optuna`'s space: its values over the playbook's configuration,
+    once, on whichever host is free; its id says its values, as a matrix point's does."""
+    pb = sweep.playbook
+    assert pb.optuna is not None  # only a searching playbook has points
+    config = pb.optuna.config(pb.configs, point)
+    try:
+        bench = Benchmark.model_validate(pb.benchmark.model_dump() | config.benchmark)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ("search", "optuna", "space")
+        raise InputError(f"the point {config.name}: benchmark.{'.'.join(map(str, first['loc']))}: {first['msg']}",
+                         file=str(sweep.doc.path), key=".".join(where), line=sweep.doc.line(where)) from None
+    return RunSpec(f"{config.name}-1", config, 1, tuple(sweep.hosts), bench)
+
+
+def search_plan(sweep: Sweep) -> dict[str, Any]:
+    """What `harness plan` says of a search: its settings, its space and the first point's script."""
+    settings = sweep.playbook.optuna
+    assert settings is not None  # only a searching playbook is planned as a search
+    example = search_run(sweep, space.first_point(settings.space))
+    host = sweep.hosts[0]
+    return {"sampler": "tpe", "budget": settings.budget, "objective": settings.objective,
+            "direction": "maximize" if settings.maximize else "minimize", "level": settings.level,
+            "patience": settings.patience, "random_state": settings.random_state,
+            "startup_trials": settings.startup_trials, "space": space.describe(settings.space),
+            "grid_size": space.size(settings.space), "hosts": [h.name for h in sweep.hosts],
+            "example": {"run_id": example.run_id, "config": example.config.name, "host": host.name,
+                        "script": sweep.render(example, host).script}}
+
+
 def new_sweep_id(name: str) -> str:
     return f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -203,6 +235,16 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
     engine = engine_for(pb)
     sweep = Sweep(pb, doc, inventory, hosts, engine,
                   find_template(pb.template, engine, playbook_path), sweep_id or new_sweep_id(pb.name))
-    sweep.runs = expand(pb, hosts, doc)
+    sweep.runs = [] if pb.optuna else expand(pb, hosts, doc)   # a search's runs come as it goes
     sweep.validate()
+    if pb.optuna:   # the template's mistakes before any host, on the space's first point
+        for path in pb.optuna.space:
+            section, name = path.split(".", 1)
+            if section != "benchmark" and is_secret(name, sweep.secret_names):
+                where = ("search", "optuna", "space", path)
+                raise InputError("a secret is not searched: its values would name the runs (run ids, the "
+                                 "study, the report)", file=str(doc.path), key=".".join(where), line=doc.line(where))
+        example = search_run(sweep, space.first_point(pb.optuna.space))
+        for host in hosts:
+            sweep.render(example, host)
     return sweep

@@ -31,6 +31,8 @@ NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references",
 def run_inputs(sweep: Sweep, spec: RunSpec) -> dict[str, Any]:
     """The inputs of one run, as plain data (secrets as the redactor shows them)."""
     pb = sweep.playbook.model_dump(mode="json", exclude=set(NOT_INPUTS))
+    if (pb.get("search") or {}).get("optuna") is not None:
+        pb["search"]["optuna"] = None   # it chooses runs, whose configurations hold its values: a budget may grow
     config = spec.config.model_dump(mode="json")
     config.pop("description", None)
     if not config.get("benchmark"):

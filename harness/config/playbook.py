@@ -19,12 +19,14 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from harness import engines
 from harness.config import matrix
+from harness.config import space as spaces
 from harness.config.yamlfile import load_yaml
 
 ArgScalar = bool | int | float | str | None
@@ -302,12 +304,75 @@ class MaxLoad(Strict):
     steps: int = Field(6, ge=1, le=32, description="probes at most, the ends included")
 
 
+OBJECTIVE = re.compile(r"^((ttft|itl|tpot|e2e)_ms_(mean|p50|p90|p95|p99|max)|output_tok_s|requests_per_s)$")
+
+
+def _space_path(path: str) -> str:
+    _check_path(path)
+    return path
+
+
+SpacePath = Annotated[str, AfterValidator(_space_path)]
+SpaceEntry = Annotated[Any, AfterValidator(spaces.entry)]
+
+
 class Optuna(Strict):
-    """A search over declared flags with Optuna's TPE; every trial is an ordinary run."""
-    space: dict[str, Any] = Field(min_length=1, description="path (args.X, env.X, benchmark.X) -> a list of "
-                                  "choices or {low, high, step, log}")
-    budget: int = Field(ge=1, description="trials (runs) at most")
-    objective: str = Field("output_tok_s", description="what to maximize")
+    """A search over declared flags with Optuna's TPE sampler; every trial is an ordinary run."""
+    space: dict[SpacePath, SpaceEntry] = Field(min_length=1, description="path (args.X, env.X, benchmark.X) -> "
+                                               "a list of choices or {low, high, step, log}")
+    budget: int = Field(ge=1, description="runs at most (a point the sampler proposes again is not run again)")
+    objective: str = Field("output_tok_s", description="the run's figure the search optimizes: output_tok_s, "
+                           "requests_per_s or a latency statistic such as itl_ms_p50, ttft_ms_p99")
+    direction: Literal["maximize", "minimize"] | None = Field(None, description="default: maximize a rate, "
+                                                              "minimize a latency")
+    level: int | None = Field(None, ge=1, description="the concurrency level the objective is read at; "
+                              "default: the highest level the run measured")
+    patience: int | None = Field(None, ge=1, description="stop after this many runs in a row that did not "
+                                 "beat the best")
+    random_state: int | None = Field(None, description="the sampler's random state, for a search that can "
+                                     "be repeated")
+    startup_trials: int = Field(10, ge=1, description="trials drawn at random before TPE models the results")
+
+    @field_validator("space")
+    @classmethod
+    def _benchmark_values(cls, v: dict[str, spaces.Entry]) -> dict[str, spaces.Entry]:
+        for path, entry in v.items():
+            section, name = matrix.split(path)
+            if section != "benchmark":
+                continue
+            for choice in entry if isinstance(entry, list) else [entry.low, entry.high]:
+                try:
+                    Benchmark.model_validate({name: choice})
+                except ValidationError as e:
+                    why = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+                    raise ValueError(f"{path}: {choice!r}: {why}") from None
+        return v
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v: str) -> str:
+        if not OBJECTIVE.match(v):
+            raise ValueError(f"unknown objective {v!r}: use output_tok_s, requests_per_s or a latency statistic "
+                             "such as itl_ms_p50, ttft_ms_p99, tpot_ms_p50, e2e_ms_mean")
+        return v
+
+    def config(self, bases: list[Config], point: dict[str, Any]) -> Config:
+        """A trial's configuration: its values over the playbook's configuration (when it has one),
+        named by them as a matrix point is."""
+        base = bases[0] if bases else Config.model_construct(name="")
+        parts: dict[str, dict[str, Any]] = {"args": dict(base.args), "env": dict(base.env),
+                                            "benchmark": dict(base.benchmark)}
+        for path, value in point.items():
+            section, name = matrix.split(path)
+            parts[section][name] = value
+        name = "_".join(n for n in (base.name, matrix.point_name(point)) if n)
+        return Config.model_validate({"name": name, **parts, "description": base.description}).written_at(
+            ("search", "optuna"))
+
+    @property
+    def maximize(self) -> bool:
+        return self.direction == "maximize" if self.direction else not self.objective.endswith(
+            tuple(f"_ms_{q}" for q in ("mean", "p50", "p90", "p95", "p99", "max")))
 
 
 class Search(Strict):
@@ -359,6 +424,23 @@ class Playbook(Strict):
                 raise ValueError(f"configuration name {name!r} appears twice")
         return [c.written_at(("configs", i)) for i, c in enumerate(configs)]
 
+    @field_validator("search")
+    @classmethod
+    def _one_search_base(cls, v: Search | None, info: ValidationInfo) -> Search | None:
+        # a trial is one run of one configuration: the space's values over the playbook's one configuration
+        if v is None or v.optuna is None:
+            return v
+        if info.data.get("matrix") is not None:
+            raise ValueError("search.optuna searches its space instead of a matrix: write the matrix's axes "
+                             "as the space (lists of choices)")
+        if len(info.data.get("configs") or []) > 1:
+            raise ValueError("search.optuna builds every trial on one configuration: keep one under configs "
+                             "(or none), or put what differs between them in the space")
+        if info.data.get("repeat", 1) != 1 or info.data.get("placement", "pool") != "pool":
+            raise ValueError("search.optuna runs every trial once on whichever host is free: leave repeat at 1 "
+                             "and placement at pool")
+        return v
+
     @cached_property
     def all_configs(self) -> list[Config]:
         """What runs: the configurations as written, or the matrix's points (crossed with them)."""
@@ -380,7 +462,7 @@ class Playbook(Strict):
 
     @model_validator(mode="after")
     def _some_configs(self):
-        if not self.configs and self.matrix is None:
+        if not self.configs and self.matrix is None and self.optuna is None:
             raise ValueError("a playbook needs `configs:` (a list of named configurations) or `matrix:`")
         try:
             names = [c.name for c in self.all_configs]
@@ -403,11 +485,13 @@ class Playbook(Strict):
             raise ValueError("slo is not supported yet")
         if self.search is not None and self.search.max_load is not None:
             raise ValueError("search.max_load is not supported yet")
-        if self.search is not None and self.search.optuna is not None:
-            raise ValueError("search.optuna is not supported yet")
         if any(c.nodes > 1 for c in self.all_configs):
             raise ValueError("nodes above 1 are not supported yet")
         return self
+
+    @property
+    def optuna(self) -> Optuna | None:
+        return self.search.optuna if self.search is not None else None
 
     @model_validator(mode="after")
     def _engine_needs(self):

@@ -37,7 +37,7 @@ from harness.report import noise
 from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
-from harness.results import BenchLevel, RunManifest, RunResult, find_sweeps, load_runs
+from harness.results import BenchLevel, RunManifest, RunResult, SweepLayout, find_sweeps, load_runs, read_search
 from harness.results.models import DISTRIBUTIONS
 from harness.sim.knobs import recorded_time_scale
 
@@ -89,6 +89,7 @@ def collect(paths: list[Path], *, baseline: str | None = None, by: str = "config
                 key = (label, run.manifest.config.name, level.concurrency if level else None)
                 groups.setdefault(key, []).append(Sample(run, level))
     rows = [_row(name, conc, samples) | {"sweep": label} for (label, name, conc), samples in groups.items()]
+    _objectives(rows, sweeps)
     misses = check_references(rows, references_of(sweeps))
     for row in rows:
         row["misses"] = [m.as_dict() for m in misses if (m.config, m.concurrency) == (row["config"], row["concurrency"])
@@ -98,6 +99,24 @@ def collect(paths: list[Path], *, baseline: str | None = None, by: str = "config
     else:
         _deltas(rows, baseline)
     return rows
+
+
+def _objectives(rows: list[dict], sweeps: list[Path]) -> None:
+    """A search's rows carry their trial's number (`trial`) and, at the level the objective is read at,
+    its value (`objective`), from search.json."""
+    for sweep_dir in sweeps:
+        search = read_search(SweepLayout(sweep_dir))
+        if search is None:
+            continue
+        trials = {t.config: t for t in search.trials if t.state != "duplicate" and t.config}
+        for row in rows:
+            trial = trials.get(row["config"])
+            if trial is None:
+                continue
+            top = max((r["concurrency"] or 0 for r in rows if r["config"] == row["config"]), default=0)
+            row["trial"] = trial.number
+            if row["concurrency"] is not None and row["concurrency"] == (search.level or top):
+                row["objective"] = trial.value
 
 
 def _sweep_labels(sweeps: list[Path]) -> dict[Path, str]:

@@ -18,7 +18,7 @@ from markupsafe import Markup
 
 from harness.analysis.roofline import format_efficiency
 from harness.errors import tail
-from harness.report import plots
+from harness.report import plots, search_view
 from harness.report.analysis_view import short_name
 from harness.report.compare import collect, time_note, winner, winner_text
 from harness.results import RunResult, atomic_write, find_sweeps, load_runs
@@ -48,7 +48,20 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
                 "misses": sum(len(r["misses"]) for r in rows)},
         charts=_charts(rows, runs, colors), kernels=_kernels(rows), failures=_failures(runs), hosts=_hosts(runs, rows),
         roofline=_roofline_facts(runs, rows), has_roofline=any(r.get("theoretical_ms") for r in rows),
-        time_note=time_note(rows))
+        time_note=time_note(rows), searches=_searches(paths))
+
+
+def _searches(paths: list[Path]) -> list[dict]:
+    """Each search's headline, trials (with what became of each), best and the best's launch command."""
+    out = []
+    for sweep_dir, found in search_view.searches(paths):
+        best = found.best.number if found.best else None
+        out.append({"headline": search_view.headline(found), "file": found, "best": search_view.best_text(found),
+                    "launch": search_view.best_launch(sweep_dir, found),
+                    "notes": {t.number: "best" if t.number == best else search_view.note(t.state, t.duplicate_of,
+                                                                                         t.reason)
+                              for t in found.trials}})
+    return out
 
 
 def write_report(paths: list[Path], output: Path, *, baseline: str | None = None) -> Path:

@@ -9,6 +9,8 @@ from harness.results.models import (
                                     ErrorRecord,
                                     JournalEvent,
                                     RunManifest,
+                                    SearchFile,
+                                    SearchTrial,
                                     SweepRecord,
                                     SweepRun,
 )
@@ -23,6 +25,7 @@ from harness.results.store import (
                                     maybe_read,
                                     read_json,
                                     read_model,
+                                    read_search,
                                     read_sweep,
                                     summary_rows,
                                     write_json,
@@ -31,6 +34,7 @@ from harness.results.store import (
 )
 
 __all__ = ["AnalysisFile", "BenchFile", "BenchLevel", "ErrorRecord", "HostRunLayout", "JournalEvent", "RunFiles",
-           "RunLayout", "RunManifest", "RunResult", "SweepFiles", "SweepLayout", "SweepRecord", "SweepRun",
-           "Unreadable", "atomic_write", "find_sweeps", "latest_sweep", "load_run", "load_runs", "maybe_read",
-           "read_json", "read_model", "read_sweep", "summary_rows", "write_json", "write_model", "write_summary"]
+           "RunLayout", "RunManifest", "RunResult", "SearchFile", "SearchTrial", "SweepFiles", "SweepLayout",
+           "SweepRecord", "SweepRun", "Unreadable", "atomic_write", "find_sweeps", "latest_sweep", "load_run",
+           "load_runs", "maybe_read", "read_json", "read_model", "read_search", "read_sweep", "summary_rows",
+           "write_json", "write_model", "write_summary"]

@@ -1,6 +1,7 @@
 """Where everything of a sweep lives: the one place that spells a file name.
 
-    RESULTS/<sweep_id>/            SweepLayout   sweep.json, journal.jsonl, sweep.lock, summary.json|csv
+    RESULTS/<sweep_id>/            SweepLayout   sweep.json, journal.jsonl, sweep.lock, summary.json|csv,
+                                                 a search's search.json and study.db
         runs/<run_id>/             RunLayout     manifest.json, launch.sh, server.log, bench.json, ...
     WORKDIR/<sweep_id>/<run_id>/   HostRunLayout the same run folder on its host, pulled whole
 
@@ -44,6 +45,8 @@ class SweepFiles:
     LOCK = "sweep.lock"
     SUMMARY_JSON = "summary.json"
     SUMMARY_CSV = "summary.csv"
+    SEARCH = "search.json"            # a search's trials and its best, for compare and the report
+    STUDY = "study.db"                # the Optuna study (SQLite) that --resume continues
     RUNS = "runs"
 
 
@@ -107,6 +110,8 @@ class SweepLayout(_Here):
     lock = _Named[Path](SweepFiles.LOCK)
     summary_json = _Named[Path](SweepFiles.SUMMARY_JSON)
     summary_csv = _Named[Path](SweepFiles.SUMMARY_CSV)
+    search = _Named[Path](SweepFiles.SEARCH)
+    study = _Named[Path](SweepFiles.STUDY)
     runs = _Named[Path](SweepFiles.RUNS)
 
     def run(self, run_id: str) -> RunLayout:

@@ -5,6 +5,7 @@
     manifest.json   RunManifest    "harness.run/1"
     bench.json      BenchFile      "harness.bench/1" (written on the host by the benchmark client)
     analysis.json   AnalysisFile   "harness.analysis/1"
+    search.json     SearchFile     "harness.search/1"
 
 Each file's `schema` names its version (docs/formats.md). A reader takes every version it knows and
 keeps the fields it does not name (`extra="allow"`), so a file written by a newer harness still reads
@@ -293,3 +294,38 @@ class AnalysisFile(Versioned, Scope):
         else the whole trace's and ""."""
         decode = self.stages.get("decode")
         return (decode, "decode") if decode is not None and decode.top else (self, "")
+
+
+# --- search.json -------------------------------------------------------------------------------------
+
+TrialState = Literal["complete", "failed", "running", "duplicate"]
+
+
+class SearchTrial(Record):
+    """One trial of a search: the run it made (a duplicate made none: its point had run already)."""
+    number: int
+    run_id: str | None = None
+    config: str | None = None
+    state: TrialState
+    value: float | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    duplicate_of: int | None = None
+    reason: str | None = None                    # why a failed trial has no value
+
+
+class SearchFile(Versioned):
+    """A search's settings as it ran, every trial so far and the best one (rewritten as trials end)."""
+    schema_: str = Field("harness.search/1", alias="schema")
+    sampler: str = "tpe"
+    objective: str
+    direction: Literal["maximize", "minimize"]
+    level: int | None = None
+    budget: int
+    patience: int | None = None
+    random_state: int | None = None
+    space: dict[str, Any] = Field(default_factory=dict)
+    grid_size: int | None = None
+    runs: int = 0
+    trials: list[SearchTrial] = Field(default_factory=list)
+    best: SearchTrial | None = None
+    stopped: str | None = None                   # why it asked no more trials

@@ -23,7 +23,15 @@ from pydantic import BaseModel, ValidationError
 
 from harness.errors import InputError
 from harness.results.layout import RunLayout, SweepLayout
-from harness.results.models import AnalysisFile, BenchFile, BenchLevel, RunManifest, SweepRecord, Versioned
+from harness.results.models import (
+    AnalysisFile,
+    BenchFile,
+    BenchLevel,
+    RunManifest,
+    SearchFile,
+    SweepRecord,
+    Versioned,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -135,6 +143,11 @@ def load_run(layout: RunLayout) -> RunResult:
 
 def read_sweep(sweep: SweepLayout) -> SweepRecord | None:
     return maybe_read(sweep.record, SweepRecord) if sweep.record.exists() else None
+
+
+def read_search(sweep: SweepLayout) -> SearchFile | None:
+    """A search's search.json, None for a grid sweep (or one whose first trial has not been asked)."""
+    return maybe_read(sweep.search, SearchFile) if sweep.search.exists() else None
 
 
 def load_runs(sweep_dir: Path) -> list[RunResult]:
