@@ -1,0 +1,238 @@
+"""Workloads without a clock: the open loop's arrival schedules (statistics of a fixed random_state),
+goodput and the SLO's verdict on a level, max_load's bisection, and the playbook's scenario keys."""
+
+from __future__ import annotations
+
+import statistics
+from itertools import pairwise
+
+import pytest
+
+from harness.errors import InputError
+from harness.plan import load_sweep
+from harness.remote.bench import (
+    Outcome,
+    arrival_offsets,
+    bisect_max_load,
+    level_meets,
+    request_meets,
+    summarize_level,
+)
+
+
+def gaps(offsets: list[int]) -> list[float]:
+    return [(b - a) / 1e9 for a, b in pairwise(offsets)]
+
+
+# ---- arrival schedules ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("rate", [10.0, 200.0])
+def test_poisson_gaps_have_the_rates_mean_and_a_coefficient_of_variation_of_one(rate):
+    g = gaps(arrival_offsets(rate, 20001, "poisson", random_state=7))
+    mean = statistics.fmean(g)
+    assert mean == pytest.approx(1 / rate, rel=0.03)
+    assert statistics.pstdev(g) / mean == pytest.approx(1.0, abs=0.03)
+    # memoryless: the share of gaps above the mean is e^-1
+    assert sum(x > 1 / rate for x in g) / len(g) == pytest.approx(0.3679, abs=0.015)
+
+
+@pytest.mark.parametrize("shape", [0.25, 1.0, 4.0])
+def test_gamma_gaps_keep_the_mean_and_burstiness_sets_their_spread(shape):
+    g = gaps(arrival_offsets(50.0, 20001, "gamma", burstiness=shape, random_state=3))
+    mean = statistics.fmean(g)
+    assert mean == pytest.approx(1 / 50, rel=0.05)
+    assert statistics.pstdev(g) / mean == pytest.approx(shape ** -0.5, rel=0.06)
+
+
+def test_a_constant_arrival_is_exactly_one_over_the_rate_and_the_first_send_is_at_zero():
+    offsets = arrival_offsets(40.0, 11, "constant")
+    assert offsets[0] == 0
+    assert offsets == [round(i * 25e6) for i in range(11)]
+
+
+def test_the_same_random_state_draws_the_same_schedule_and_another_a_different_one():
+    a = arrival_offsets(100.0, 50, "poisson", random_state=1)
+    assert a == arrival_offsets(100.0, 50, "poisson", random_state=1)
+    assert a != arrival_offsets(100.0, 50, "poisson", random_state=2)
+    assert all(x < y for x, y in pairwise(a))
+
+
+def test_a_bad_arrival_is_refused():
+    with pytest.raises(ValueError):
+        arrival_offsets(0.0, 5)
+    with pytest.raises(ValueError):
+        arrival_offsets(5.0, 5, "weibull")
+
+
+# ---- goodput -------------------------------------------------------------------------------
+
+def record(ttft: float | None, itl: list[float], e2e: float | None = None, error: str | None = None) -> dict:
+    tpot = (sum(itl) / len(itl)) if itl else None
+    return {"ttft_ms": ttft, "itl_ms": itl, "tpot_ms": tpot, "e2e_ms": e2e if e2e is not None else
+            (ttft or 0) + sum(itl), "error": error}
+
+
+def test_a_request_meets_the_slo_only_when_every_bound_holds_for_its_own_values():
+    slo = {"ttft_ms_p99": 100, "itl_ms_p50": 20}
+    assert request_meets(record(90, [10, 10, 50]), slo)            # its own ITL median is 10
+    assert not request_meets(record(90, [10, 50, 50]), slo)        # ... here 50
+    assert not request_meets(record(110, [10]), slo)               # TTFT over
+    assert request_meets(record(110, [10]), {"itl_ms_max": 10})    # only the bounds given count
+    assert not request_meets(record(110, [10]), {"itl_ms_max": 9.9})
+    assert request_meets(record(50, []), {"itl_ms_p99": 1, "tpot_ms_p50": 1})  # one token: no gaps to bound
+    assert not request_meets(record(50, [1], error="timeout"), {"ttft_ms_p99": 100})
+    assert not request_meets(record(None, []) | {"e2e_ms": None}, {"e2e_ms_p99": 100})
+
+
+def outcome(sent_ms: float, first_ms: float, gap_ms: float, tokens: int, scheduled_ms: float | None = None,
+            error: str | None = None) -> Outcome:
+    ns = 1_000_000
+    times = [round((first_ms + i * gap_ms) * ns) for i in range(tokens)] if error is None else []
+    end = times[-1] if times else round(first_ms * ns)
+    return Outcome(round(sent_ms * ns), end, times, tokens if error is None else None, 8, 200, error,
+                   scheduled_ns=None if scheduled_ms is None else round(scheduled_ms * ns))
+
+
+def test_goodput_is_the_levels_requests_within_every_bound_over_its_duration():
+    outcomes = [outcome(0, 50, 10, 5), outcome(0, 150, 10, 5), outcome(100, 180, 30, 5),
+                outcome(200, 300, 10, 5, error="timeout")]
+    level, _ = summarize_level(4, outcomes, {"ttft_ms_p99": 100, "itl_ms_p99": 20})
+    # duration: first send (0) to last end (the third request's last token: 180 + 4 x 30 = 300 ms)
+    assert level["duration_s"] == pytest.approx(0.3)
+    assert level["slo_met_requests"] == 1            # the second's TTFT is 150, the third's ITL 30
+    assert level["goodput_req_s"] == pytest.approx(1 / 0.3)
+    assert level["slo_met"] is False                 # a request failed
+
+
+def test_an_open_loop_request_counts_its_latency_from_its_scheduled_time():
+    late = outcome(sent_ms=40, first_ms=90, gap_ms=10, tokens=3, scheduled_ms=0)
+    level, records = summarize_level(None, [late], {"ttft_ms_p99": 60})
+    assert records[0]["ttft_ms"] == pytest.approx(90)     # not 50: it waited 40 ms to be sent
+    assert records[0]["e2e_ms"] == pytest.approx(110)
+    assert records[0]["scheduled_ns"] == 0 and records[0]["start_ns"] == 40_000_000
+    assert level["slo_met_requests"] == 0 and level["slo_met"] is False
+
+
+def test_a_level_meets_the_slo_by_its_own_statistics():
+    level = {"completed": 10, "failed": 0, "ttft_ms": {"p99": 90.0}, "itl_ms": {"p99": 25.0}, "tpot_ms": {"p50": None}}
+    assert level_meets(level, {"ttft_ms_p99": 100, "tpot_ms_p50": 5})
+    assert not level_meets(level, {"ttft_ms_p99": 100, "itl_ms_p99": 20})
+    assert not level_meets(level | {"failed": 1}, {"ttft_ms_p99": 100})
+    assert not level_meets(level | {"completed": 0}, {"ttft_ms_p99": 100})
+
+
+# ---- bisection -----------------------------------------------------------------------------
+
+def threshold(limit: float):
+    tried: list[float] = []
+
+    def meets(load: float) -> bool:
+        tried.append(load)
+        return load <= limit
+    return meets, tried
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7, 33, 63, 64])
+def test_integer_bisection_finds_the_exact_highest_load_in_log2_probes(limit):
+    meets, tried = threshold(limit)
+    found = bisect_max_load(1, 64, 10, True, meets)
+    assert found["value"] == limit and found["met"]
+    assert len(tried) <= 2 + 6                       # the ends, then log2(63) halvings
+    assert [p["load"] for p in found["probes"]] == tried
+    assert tried[:2] == [1, 64] or (limit == 64 and tried == [1, 64])
+
+
+def test_bisection_stops_after_steps_probes_with_the_best_load_that_met():
+    meets, tried = threshold(37)
+    found = bisect_max_load(1, 64, 4, True, meets)
+    assert len(tried) == 4 and tried == [1, 64, 32, 48]
+    assert found["value"] == 32
+
+
+def test_rates_bisect_in_halves_to_within_the_steps():
+    meets, tried = threshold(13.3)
+    found = bisect_max_load(1.0, 100.0, 12, False, meets)
+    assert len(tried) == 12
+    assert 13.3 - (99 / 2 ** 10) <= found["value"] <= 13.3
+
+
+def test_when_the_low_probe_misses_nothing_met_and_nothing_else_is_tried():
+    meets, tried = threshold(0.5)
+    assert bisect_max_load(1, 64, 6, True, meets) == {"value": None, "met": False,
+                                                      "probes": [{"load": 1, "met": False}]}
+    assert tried == [1]
+
+
+def test_one_step_or_equal_ends_probe_once():
+    meets, tried = threshold(10)
+    assert bisect_max_load(4, 64, 1, True, meets)["value"] == 4 and tried == [4]
+    with pytest.raises(ValueError):
+        bisect_max_load(8, 4, 3, True, meets)
+
+
+# ---- the playbook's keys -------------------------------------------------------------------
+
+INVENTORY = "all:\n  hosts:\n    localhost: {transport: local, venv: /opt/venv}\n"
+BASE = """\
+name: t
+hosts: localhost
+engine: sim
+model: {path: /models/m}
+configs: [{name: a}]
+"""
+
+
+def sweep(tmp_path, extra: str):
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    (tmp_path / "pb.yaml").write_text(BASE + extra)
+    return load_sweep(tmp_path / "pb.yaml", tmp_path / "inventory.yaml")
+
+
+SCENARIOS = """\
+benchmark:
+  scenarios:
+    - {name: chat, input_tokens: 128, output_tokens: 32, concurrency: [1, 4]}
+    - {name: rag, input_tokens: 2000, output_tokens: 16, request_rate: [2.5], arrival: gamma, burstiness: 0.5}
+"""
+
+
+def test_scenarios_load_with_their_kinds(tmp_path):
+    s = sweep(tmp_path, SCENARIOS + "slo: {ttft_ms_p99: 500}\n")
+    b = s.runs[0].benchmark
+    assert [(sc.name, sc.kind, sc.loads) for sc in b.scenarios] == [("chat", "concurrency", [1, 4]),
+                                                                    ("rag", "request_rate", [2.5])]
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("  concurrency: [8]\n", "benchmark.concurrency"),
+    ("  max_tokens: 64\n", "benchmark.max_tokens"),
+    ("  prompt_tokens: 64\n", "benchmark.prompt_tokens"),
+    ("  ignore_eos: false\n", "benchmark.ignore_eos"),
+])
+def test_scenarios_beside_the_single_workloads_keys_are_refused_naming_them(tmp_path, extra, words):
+    with pytest.raises(InputError, match=words):
+        sweep(tmp_path, SCENARIOS + extra)
+
+
+@pytest.mark.parametrize("scenario, words", [
+    ("{name: x, input_tokens: 8, output_tokens: 8}", "concurrency .closed loop. or request_rate"),
+    ("{name: x, input_tokens: 8, output_tokens: 8, concurrency: [1], request_rate: [1]}", "one of the two"),
+    ("{name: x, input_tokens: 8, output_tokens: 8, concurrency: []}", "no levels"),
+    ("{name: x, input_tokens: 0, output_tokens: 8, concurrency: [1]}", "input_tokens"),
+    ("{name: x, input_tokens: 8, output_tokens: 8, request_rate: [0]}", "request rates above 0"),
+])
+def test_a_bad_scenario_is_named(tmp_path, scenario, words):
+    with pytest.raises(InputError, match=words):
+        sweep(tmp_path, f"benchmark:\n  scenarios:\n    - {scenario}\n")
+
+
+def test_max_load_needs_its_scenario_and_an_slo(tmp_path):
+    search = "search: {max_load: {scenario: chat, low: 1, high: 16, steps: 5}}\n"
+    with pytest.raises(InputError, match="an SLO"):
+        sweep(tmp_path, SCENARIOS + search)
+    with pytest.raises(InputError, match="scenario 'nope'"):
+        sweep(tmp_path, SCENARIOS + search.replace("chat", "nope") + "slo: {ttft_ms_p99: 500}\n")
+    with pytest.raises(InputError, match="whole numbers"):
+        sweep(tmp_path, SCENARIOS + search.replace("high: 16", "high: 16.5") + "slo: {ttft_ms_p99: 500}\n")
+    s = sweep(tmp_path, SCENARIOS + search + "slo: {ttft_ms_p99: 500}\n")
+    assert s.playbook.search is not None and s.playbook.search.max_load is not None
