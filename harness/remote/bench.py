@@ -994,7 +994,7 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     `request_rate`), each request its own prompt of exactly `input_tokens` tokens (PromptMaker),
     asking `output_tokens` with ignore_eos; then, with `search` ({scenario, slo, low, high, steps}),
     the probes of the highest load of that scenario that meets the SLO (bisect_max_load), each an
-    ordinary level marked `probe`, in place of the scenario's own levels. `random_state` fixes the
+    ordinary level marked `probe`, after every scenario's own levels. `random_state` fixes the
     arrivals and prompts (level i draws from random_state + i). `slo` adds goodput to every level.
 
     `requests` is per level (default: max(2 x concurrency, 16), or max(2 x rate, 16) in an open
@@ -1058,10 +1058,8 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     plan: list[dict] = []
     if scenarios:
         for sc in scenarios:
-            if sc["name"] == searched:
-                continue
             kind = "concurrency" if sc.get("concurrency") is not None else "request_rate"
-            plan += [{"scenario": sc, kind: load} for load in sc[kind]]
+            plan += [{"scenario": sc, kind: load} for load in sc[kind] or ()]
     else:
         plan = [{"concurrency": c} for c in concurrency]
     levels_total = len(plan) + (search["steps"] if search else 0)
