@@ -50,6 +50,10 @@ def bench_plan(ctx: RunContext) -> dict | None:
     return plan
 
 
+PROMPT_S = 0.1
+"""Seconds allowed to build one scenario request's prompt (a tokenizer call takes about a millisecond)."""
+
+
 def _waves(ctx: RunContext) -> float:
     """The worst case, in request timeouts: every request of every level runs into its own timeout,
     one wave after another (an open loop's requests are all in flight at once: one wave, after its
@@ -64,11 +68,13 @@ def _waves(ctx: RunContext) -> float:
         levels += [(searched, ml.low)] * ml.steps   # the lowest load takes longest
     waves = 0.0
     for sc, load in levels:
-        n = sc.requests or b.requests
+        n = sc.requests or b.requests or max(16, 2 * int(load) + 1)
         if sc.kind == "concurrency":
-            waves += -(-((n or max(16, 2 * int(load))) + b.warmup) // int(load))
+            waves += -(-(n + b.warmup) // int(load))
         else:
-            waves += 1 + b.warmup + (n or max(16.0, 2 * load + 1)) / load / b.timeout_s
+            waves += 1 + b.warmup + n / load / b.timeout_s
+        # building its prompts: a count or two at the server's tokenizer a request, off the level's clock
+        waves += (n + b.warmup) * PROMPT_S / b.timeout_s
     return waves
 
 
@@ -89,8 +95,7 @@ def bench(ctx: RunContext) -> None:
         words += ["--extra-body", json.dumps(b.extra_body)]
     words += ["--max-failed-share", b.max_failed_share, "--progress-file", ctx.paths.bench_progress, *key_words(ctx)]
     command = with_key(ctx, ctx.in_venv(tool_command("python", ctx.tools_dir, "bench", *words)))
-    # building the scenarios' prompts asks the server's tokenizer about once a request: a minute to spare
-    budget = 120 + b.timeout_s * _waves(ctx) + (60 if b.scenarios else 0)
+    budget = 120 + b.timeout_s * _waves(ctx)
     # one round trip: the benchmark, then whether the server outlived it
     command = f"{command}; code=$?; {alive_check(ctx)}; exit $code"
     try:

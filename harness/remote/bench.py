@@ -9,14 +9,20 @@ nothing from the rest of `harness` but its sibling `stats.py` (percentiles and d
 Each concurrency level runs in order: `--warmup` requests that are not measured, then `--requests`
 requests (default: twice the concurrency, at least 16) with `concurrency` of them in flight (a closed
 loop: a stream sends its next request when its last one ends), or as many as fit in `--duration`
-seconds. Requests are greedy (temperature 0), streamed, ask for usage, and ignore EOS by default so
+seconds. `--plan '{"scenarios": [...], "slo": {...}, "search": {...}, "random_state": N}'` runs
+workloads instead (docs/formats.md "Workloads"): each scenario's levels, closed loop or open loop
+(requests sent at the instants an arrival process drew, whatever is in flight), every request its own
+prompt of exactly `input_tokens` tokens (PromptMaker: the server's /tokenize, else calibrated from its
+usage), then the probes of the max_load search (bisect_max_load); with an SLO every level records its
+goodput. Requests are greedy (temperature 0), streamed, ask for usage, and ignore EOS by default so
 every request decodes `--max-tokens` tokens. Results: bench.json (docs/formats.md "bench.json and
 requests.jsonl") and requests.jsonl beside it; a short summary goes to stderr. Exit 0 when every level
 completed (or failed no more than --max-failed-share of its requests); 4 when a level failed more,
 naming the errors; 3 when no request of any level completed; 2 on bad arguments.
 
 Definitions (per request; a level's distributions pool its completed requests):
-    TTFT = first chunk carrying text (or reasoning text) - request sent
+    TTFT = first chunk carrying text (or reasoning text) - request sent (open loop: - its scheduled
+           send time, so a late send counts against the latency a user would have seen)
     ITL  = gaps between consecutive text-carrying chunks (pooled over the level's requests): per chunk
     ITL per token (itl_token_ms) = each gap / the tokens its chunk carried (usage per chunk when the
            engine sends it, else the request's completion_tokens / its text chunks). An engine may put
@@ -24,7 +30,9 @@ Definitions (per request; a level's distributions pool its completed requests):
            text (counted as empty_events, not as a chunk): then ITL per chunk is a multiple of TPOT
            and ITL per token is the figure to compare with a client that counts every event
     TPOT = (E2E - TTFT) / (completion_tokens - 1), for requests of two tokens or more
-    E2E  = last text-carrying chunk - request sent
+    E2E  = last text-carrying chunk - request sent (open loop: - scheduled)
+    schedule lag (open loop) = sent - scheduled; achieved rate = (sent - 1) / (last send - first send)
+    goodput = requests meeting every SLO bound (each its own TTFT, TPOT, E2E, ITL percentile) / duration
     completion_tokens from the server's usage; without usage, the chunk count (tokens_from: "chunks")
     level duration = first send to last finish; output_tok_s = completed requests' tokens / duration
     decode = the steady-state window, rule "first-wave" (named in bench.json as decode.rule): among
@@ -46,7 +54,11 @@ ITL of 0): that is what the client saw. bench.json records the client's own CPU 
 streaming (client_cpu_us_per_chunk): about 5 us on a small 2-core machine, so one process follows
 256 streams at 100 tok/s (25,600 chunks a second) on about an eighth of a core.
 benchmarks/bench_fidelity.py measures the errors against a server that knows its true emission times.
-`--workers K` splits each level's streams over K processes that start together; use it only beyond
+The open loop keeps that loop: select() is asked to return up to a millisecond before the next send
+(epoll waits whole milliseconds) and the loop then polls, stamping reads as ever, until the instant;
+prompts and schedules are built before a level starts. benchmarks/open_loop.py measures the rate it
+achieves and its lag. `--workers K` splits each level's streams over K processes that start together
+(a closed loop of the one prompt only); use it only beyond
 ~100,000 chunks a second and where cores are free beside the server's own (on a 2-core host it makes
 things worse).
 """
@@ -286,6 +298,8 @@ class _Loop:
             return self._finish(x, f"cannot connect: [Errno {err}] {os.strerror(err)}")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sel.register(sock, selectors.EVENT_WRITE, x)
+        if err == 0:   # connected at once (loopback usually is): send now, not after another select()
+            self._advance(x)
 
     def _advance(self, x: _Exchange) -> None:
         """Connect, shake hands and send, each as far as the socket allows without blocking."""

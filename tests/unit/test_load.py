@@ -3,7 +3,11 @@ goodput and the SLO's verdict on a level, max_load's bisection, and the playbook
 
 from __future__ import annotations
 
+import json
 import statistics
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import pairwise
 
 import pytest
@@ -16,6 +20,7 @@ from harness.remote.bench import (
     bisect_max_load,
     level_meets,
     request_meets,
+    run_benchmark,
     summarize_level,
 )
 
@@ -236,3 +241,100 @@ def test_max_load_needs_its_scenario_and_an_slo(tmp_path):
         sweep(tmp_path, SCENARIOS + search.replace("high: 16", "high: 16.5") + "slo: {ttft_ms_p99: 500}\n")
     s = sweep(tmp_path, SCENARIOS + search + "slo: {ttft_ms_p99: 500}\n")
     assert s.playbook.search is not None and s.playbook.search.max_load is not None
+
+
+# ---- prompts without a tokenizer endpoint ----------------------------------------------------
+
+class CountingServer(ThreadingHTTPServer):
+    """A completions server with no /tokenize whose usage counts a prompt's words plus one (a BOS),
+    and the word "which" as two tokens: what it saw is kept."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), CountingHandler)
+        self.prompts: list[tuple[bool, str]] = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+def count(prompt: str) -> int:
+    return 1 + sum(2 if w == "which" else 1 for w in prompt.split())
+
+
+class CountingHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if self.path != "/v1/completions":
+            self.send_error(404)
+            return
+        prompt, stream = body["prompt"], bool(body.get("stream"))
+        self.server.prompts.append((stream, prompt))
+        usage = {"prompt_tokens": count(prompt), "completion_tokens": body["max_tokens"],
+                 "total_tokens": count(prompt) + body["max_tokens"]}
+        if not stream:
+            data = json.dumps({"choices": [{"index": 0, "text": " a", "finish_reason": "length"}],
+                               "usage": usage}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        events = [{"choices": [{"index": 0, "text": " a", "finish_reason": None}]}
+                  for _ in range(body["max_tokens"])] + [{"choices": [], "usage": usage}]
+        data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def counting():
+    server = CountingServer()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_without_a_tokenizer_the_prompt_length_is_calibrated_from_usage_and_mismatches_counted(counting):
+    scenario = {"name": "s", "input_tokens": 30, "output_tokens": 3, "concurrency": [4], "requests": 40}
+    result = run_benchmark(counting.url, "m", scenarios=[scenario], warmup=0, random_state=5)
+    (level,) = result["levels"]
+    assert level["prompt_source"] == "usage-calibrated"
+    measured = [p for stream, p in counting.prompts if stream]
+    probes = [p for stream, p in counting.prompts if not stream]
+    assert len(measured) == 40 and probes
+    # each request opens with its own words, none the probes' opening: nothing shares a cached prefix
+    openings = [tuple(p.split()[:6]) for p in measured]
+    assert len(set(openings)) == len(openings)
+    assert not set(openings) & {tuple(p.split()[:6]) for p in probes}
+    # the server's own count of each prompt, and those that are not 30 (an opening with "which") counted
+    expected = Counter(count(p) for p in measured)
+    assert level["prompt_tokens_reported"] == {str(k): v for k, v in sorted(expected.items())}
+    assert level["prompt_tokens_mismatches"] == sum(v for k, v in expected.items() if k != 30)
+    assert expected[30] > 0 and level["prompt_tokens_mismatches"] > 0
+
+
+def test_the_same_random_state_builds_the_same_prompts(counting):
+    scenario = {"name": "s", "input_tokens": 12, "output_tokens": 1, "concurrency": [2], "requests": 6}
+    run_benchmark(counting.url, "m", scenarios=[scenario], warmup=1, random_state=9)
+    first = [p for s, p in counting.prompts if s]
+    counting.prompts.clear()
+    run_benchmark(counting.url, "m", scenarios=[scenario], warmup=1, random_state=9)
+    assert sorted(first) == sorted(p for s, p in counting.prompts if s) and len(first) == 7
+
+
+def test_scenarios_refuse_the_single_workloads_arguments():
+    scenario = {"name": "s", "input_tokens": 12, "output_tokens": 1, "concurrency": [2]}
+    with pytest.raises(ValueError, match="no prompt nor prompt_tokens"):
+        run_benchmark("http://127.0.0.1:9", "m", scenarios=[scenario], prompt="hi")
+    with pytest.raises(ValueError, match="no scenario named 'x'"):
+        run_benchmark("http://127.0.0.1:9", "m", scenarios=[scenario],
+                      search={"scenario": "x", "slo": {"ttft_ms_p99": 1}, "low": 1, "high": 2, "steps": 2})
