@@ -858,8 +858,8 @@ class PromptMaker:
         return count if isinstance(count, int) and not isinstance(count, bool) else None
 
     def _usage(self, text: str) -> int | None:
-        body = {"model": self.model, "max_tokens": 1, "temperature": 0, "stream": False, **self.content(text),
-                **self.extra_body}
+        body = {**self.extra_body, "model": self.model, "max_tokens": 1, "temperature": 0, "stream": False,
+                **self.content(text)}
         try:
             status, answer = self._post(self.root + "/v1" + APIS[self.api], body)
         except (OSError, ValueError, http.client.HTTPException):
@@ -986,6 +986,15 @@ def _check_scenario(sc: Any, searched: bool) -> None:
     _check(sc.get("requests") is None or sc["requests"] >= 1, f"scenario {name}: requests must be at least 1")
 
 
+SLO_FORM = "metrics like ttft_ms_p99 or itl_ms_p50, each to a bound in ms above 0"
+
+
+def _is_slo(slo: Any) -> bool:
+    return isinstance(slo, dict) and all(
+        isinstance(k, str) and re.fullmatch(r"(ttft|itl|tpot|e2e)_ms_(mean|p50|p90|p95|p99|max)", k) is not None
+        and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in slo.items())
+
+
 def _load_label(level: dict) -> str:
     scenario = f"{level['scenario']} " if level.get("scenario") else ""
     if level.get("request_rate") is not None:
@@ -1031,12 +1040,16 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
            "scenarios make their own prompts: give no prompt nor prompt_tokens with them")
     _check(not scenarios or duration is None, "scenarios count their requests: no duration with them")
     _check(search is None or bool(scenarios), "search needs scenarios (the scenario whose load it searches)")
+    _check(slo is None or _is_slo(slo), "slo: " + SLO_FORM)
+    _check(isinstance(random_state, int) and random_state >= 0, "random_state must be an integer, 0 or more")
     searched = None
     if search is not None:
+        _check(isinstance(search, dict) and all(isinstance(search.get(k), (int, float)) for k in ("low", "high")),
+               "search: {scenario, slo, low, high, steps}, low and high numbers")
         names = [sc.get("name") for sc in scenarios if isinstance(sc, dict)]
         searched = search.get("scenario") or (names[0] if names else None)
         _check(searched in names, f"search: no scenario named {searched!r} (have: {', '.join(map(str, names))})")
-        _check(bool(search.get("slo")), "search: an SLO to meet (search.slo or slo)")
+        _check(_is_slo(search.get("slo")) and bool(search["slo"]), "search: an SLO to meet: " + SLO_FORM)
         _check(isinstance(search.get("steps"), int) and search["steps"] >= 1, "search: steps must be at least 1")
         _check(0 < search.get("low", 0) <= search.get("high", 0), "search: 0 < low <= high")
     for sc in scenarios:
@@ -1328,7 +1341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             api=args.api,
             ignore_eos=args.ignore_eos, timeout=args.timeout, duration=args.duration, workers=args.workers,
             extra_body=args.extra_body, headers=headers, scenarios=plan.get("scenarios"), slo=plan.get("slo"),
-            search=plan.get("search"), random_state=int(plan.get("random_state") or 0),
+            search=plan.get("search"), random_state=plan.get("random_state", 0),
             progress=lambda level: print(format_level(level), file=sys.stderr, flush=True),
             on_tick=(lambda state: _write_atomic(Path(args.progress_file), json.dumps(state)))
             if args.progress_file else None)

@@ -4,6 +4,7 @@ goodput and the SLO's verdict on a level, max_load's bisection, and the playbook
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import threading
 from collections import Counter
@@ -254,6 +255,8 @@ class CountingServer(ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), CountingHandler)
         self.prompts: list[tuple[bool, str]] = []
+        self.hang = threading.Event()      # set: streamed requests get no answer (until released)
+        self.release = threading.Event()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
 
@@ -272,6 +275,9 @@ class CountingHandler(BaseHTTPRequestHandler):
             return
         prompt, stream = body["prompt"], bool(body.get("stream"))
         self.server.prompts.append((stream, prompt))
+        if stream and self.server.hang.is_set():
+            self.server.release.wait(30)
+            return
         usage = {"prompt_tokens": count(prompt), "completion_tokens": body["max_tokens"],
                  "total_tokens": count(prompt) + body["max_tokens"]}
         if not stream:
@@ -299,6 +305,7 @@ def counting():
     server = CountingServer()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield server
+    server.release.set()
     server.shutdown()
     server.server_close()
 
@@ -338,3 +345,45 @@ def test_scenarios_refuse_the_single_workloads_arguments():
     with pytest.raises(ValueError, match="no scenario named 'x'"):
         run_benchmark("http://127.0.0.1:9", "m", scenarios=[scenario],
                       search={"scenario": "x", "slo": {"ttft_ms_p99": 1}, "low": 1, "high": 2, "steps": 2})
+
+
+@pytest.mark.parametrize("plan, words", [
+    ('{"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 1}]}', "concurrency .closed loop. or"),
+    ('{"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 1, "concurrency": [1]}], '
+     '"slo": {"ttft_p99": 5}}', "slo: metrics like ttft_ms_p99"),
+    ('{"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 1, "concurrency": [1]}], '
+     '"search": {"low": "1", "high": 2, "steps": 2, "slo": {"ttft_ms_p99": 1}}}', "low and high numbers"),
+    ('{"scenarios": [], "random_state": "x"}', "random_state must be an integer"),
+    ('{"scenario": []}', "--plan is a JSON object of"),
+    ('[1]', "--plan is a JSON object of"),
+])
+def test_a_bad_plan_exits_2_with_a_message_not_a_traceback(plan, words, capsys):
+    from harness.remote.bench import main
+    assert main(["--url", "http://127.0.0.1:9", "--model", "m", "--plan", plan]) == 2
+    err = capsys.readouterr().err
+    assert re.search(words, err) and "Traceback" not in err
+
+
+def test_a_plan_with_scenarios_refuses_the_single_workloads_options(capsys):
+    from harness.remote.bench import main
+    plan = '{"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 1, "concurrency": [1]}]}'
+    assert main(["--url", "http://127.0.0.1:9", "--model", "m", "--plan", plan, "--concurrency", "4"]) == 2
+    assert "replace --concurrency" in capsys.readouterr().err
+
+
+def test_the_open_loop_sends_on_schedule_whatever_is_in_flight(counting):
+    """No coordinated omission: with a server that answers nothing, every request of the level is still
+    sent, each at its turn, before the first one times out (a closed loop of one stream would have
+    sent one)."""
+    counting.hang.set()
+    scenario = {"name": "s", "input_tokens": 10, "output_tokens": 2, "request_rate": [200.0], "requests": 12,
+                "arrival": "constant"}
+    result = run_benchmark(counting.url, "m", scenarios=[scenario], warmup=0, timeout=3)
+    reqs = result["requests"]
+    assert len(reqs) == 12 and all(r["error"] == "timeout" for r in reqs)
+    first_end = min(r["end_ns"] for r in reqs)
+    assert all(r["scheduled_ns"] <= r["start_ns"] < first_end for r in reqs)
+    assert [r["scheduled_ns"] - reqs[0]["scheduled_ns"] for r in reqs] == [i * 5_000_000 for i in range(12)]
+    assert sum(stream for stream, _ in counting.prompts) == 12
+    (level,) = result["levels"]
+    assert level["completed"] == 0 and level["schedule_lag_ms"]["max"] is not None
