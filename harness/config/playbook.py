@@ -475,7 +475,10 @@ class Playbook(Strict):
             except ValidationError:
                 continue
             names = [sc.name for sc in scenarios]
-            name = ml.scenario or (names[0] if names else None)
+            if not names:
+                raise ValueError(f"configuration {c.name}: search.max_load needs benchmark.scenarios (the "
+                                 "scenario whose load it searches)")
+            name = ml.scenario or names[0]
             if name not in names:
                 raise ValueError(f"configuration {c.name}: search.max_load searches scenario {name!r}, which "
                                  f"benchmark.scenarios does not declare (have: {', '.join(names) or 'none'})")

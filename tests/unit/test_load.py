@@ -387,3 +387,17 @@ def test_the_open_loop_sends_on_schedule_whatever_is_in_flight(counting):
     assert sum(stream for stream, _ in counting.prompts) == 12
     (level,) = result["levels"]
     assert level["completed"] == 0 and level["schedule_lag_ms"]["max"] is not None
+
+
+def test_max_load_without_scenarios_says_it_needs_them(tmp_path):
+    with pytest.raises(InputError, match="search.max_load needs benchmark.scenarios"):
+        sweep(tmp_path, "slo: {ttft_ms_p99: 5}\nsearch: {max_load: {low: 1, high: 4}}\n")
+
+
+def test_an_slo_without_scenarios_gives_the_single_workloads_levels_their_goodput(counting):
+    result = run_benchmark(counting.url, "m", concurrency=[2], requests=4, max_tokens=3, warmup=0,
+                           slo={"ttft_ms_p99": 600000, "tpot_ms_p50": 600000})
+    (level,) = result["levels"]
+    assert level["slo_met_requests"] == 4 and level["slo_met"] is True
+    assert level["goodput_req_s"] == pytest.approx(4 / level["duration_s"])
+    assert "scenario" not in level and result["slo"] == {"ttft_ms_p99": 600000, "tpot_ms_p50": 600000}
