@@ -241,8 +241,9 @@ class _Loop:
         waiting for a free stream, so a slow server cannot slow the arrivals: no coordinated
         omission). select() waits whole milliseconds (epoll rounds its timeout up), so it is asked
         to return up to a millisecond early and the loop polls (select with no wait, stamping any
-        reads as usual) until the instant: a send leaves within microseconds of its schedule at the
-        cost of up to a millisecond of polling per request."""
+        reads as usual) until the instant, at the cost of up to a millisecond of polling per request;
+        opening the request's connection then takes a fraction of a millisecond more (its schedule
+        lag, measured in benchmarks/README.md)."""
         self.finished = []
         nxt, n = 0, len(offsets_ns)
         t0 = time.monotonic_ns()
