@@ -1,5 +1,5 @@
-"""Workloads end to end: a sweep through the loopback sshd into the simulator (as vLLM, its tokenizer
-endpoint answering as vLLM's does) with scenarios of exact prompt lengths, closed and open loop, an
+"""Workloads end to end: a sweep through the loopback sshd into the simulator (as vLLM and as SGLang,
+its tokenizer endpoint answering as each engine's does) with scenarios of exact prompt lengths, closed and open loop, an
 SLO's goodput and the max_load search, then compare and the report reading what it wrote."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import harness
@@ -19,8 +20,8 @@ SCENARIOS = [
 ]
 
 
-def playbook(tmp_path: Path, slo: dict, search: dict) -> Path:
-    pb = {"name": "load", "hosts": "node1", "engine": "vllm",
+def playbook(tmp_path: Path, slo: dict, search: dict, engine: str) -> Path:
+    pb = {"name": "load", "hosts": "node1", "engine": engine,
           "model": {"path": "/models/tiny", "served_name": "tiny"},
           "server": {"port": _free_port(), "env": dict(FAST), "startup_timeout_s": 60},
           "configs": [{"name": "one"}],
@@ -31,9 +32,10 @@ def playbook(tmp_path: Path, slo: dict, search: dict) -> Path:
     return path
 
 
-def sweep(tmp_path: Path, ssh_inventory, slo: dict, search: dict) -> tuple[Path, dict, list[dict]]:
+def sweep(tmp_path: Path, ssh_inventory, slo: dict, search: dict,
+          engine: str = "vllm") -> tuple[Path, dict, list[dict]]:
     results = tmp_path / "results"
-    run = harness("sweep", playbook(tmp_path, slo, search), "-i", ssh_inventory(), "-o", results)
+    run = harness("sweep", playbook(tmp_path, slo, search, engine), "-i", ssh_inventory(), "-o", results)
     assert run.returncode == 0, run.stdout + run.stderr
     d = sweep_dir(results) / "runs" / "one-1"
     manifest = json.loads((d / "manifest.json").read_text())
@@ -42,9 +44,10 @@ def sweep(tmp_path: Path, ssh_inventory, slo: dict, search: dict) -> tuple[Path,
     return sweep_dir(results), json.loads((d / "bench.json").read_text()), requests
 
 
-def test_scenarios_closed_and_open_loop_with_goodput_and_the_max_load_search(tmp_path, ssh_inventory):
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_scenarios_closed_and_open_loop_with_goodput_and_the_max_load_search(tmp_path, ssh_inventory, engine):
     root, bench, requests = sweep(tmp_path, ssh_inventory, {"ttft_ms_p99": 60000, "itl_ms_p99": 60000},
-                                  {"scenario": "chat", "low": 1, "high": 4, "steps": 3})
+                                  {"scenario": "chat", "low": 1, "high": 4, "steps": 3}, engine)
     levels = bench["levels"]
     assert [(lv["scenario"], lv["concurrency"], lv["request_rate"], lv["probe"]) for lv in levels] == [
         ("chat", 1, None, False), ("chat", 3, None, False), ("burst", None, 20.0, False),
