@@ -147,8 +147,8 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
     return {"facts": facts, "rows": rows, "kernels": kernels, "status": (before.status, after.status)}
 
 
-def _requests(layout: RunLayout) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = {}
+def _requests(layout: RunLayout) -> dict[int | None, list[dict]]:
+    out: dict[int | None, list[dict]] = {}
     try:
         lines = layout.requests.read_text().splitlines()
     except OSError:
@@ -182,9 +182,9 @@ def _split_half(requests: list[dict], metric: str, q: str | None) -> float | Non
     return abs(a - b) / whole
 
 
-def _repeat_levels(run: RunResult) -> dict[int, list[BenchLevel]]:
+def _repeat_levels(run: RunResult) -> dict[int | None, list[BenchLevel]]:
     """The same configuration's repeats in the original sweep (this run included)."""
-    out: dict[int, list[BenchLevel]] = {}
+    out: dict[int | None, list[BenchLevel]] = {}
     for layout in (RunLayout(p.parent) for p in run.layout.dir.parent.glob(f"*/{run.layout.manifest.name}")):
         try:
             other = load_run_result(layout)

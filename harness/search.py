@@ -87,10 +87,10 @@ def objective_of(manifest: RunManifest, layout: SweepLayout, settings: Optuna) -
         run = load_run(layout.run(manifest.run_id))
     except Unreadable as e:
         return None, str(e)
-    levels = run.levels
+    levels = [lv for lv in run.levels if lv.concurrency is not None and not lv.probe]
     if not levels:
-        return None, "the run has no benchmark results"
-    want = settings.level or max(lv.concurrency for lv in levels)
+        return None, "the run has no closed-loop benchmark level (the objective is read at a concurrency)"
+    want = settings.level or max(lv.concurrency for lv in levels if lv.concurrency is not None)
     level = next((lv for lv in levels if lv.concurrency == want), None)
     if level is None:
         measured = ", ".join(str(lv.concurrency) for lv in levels)

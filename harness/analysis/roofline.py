@@ -84,7 +84,8 @@ def context_tokens(manifest: RunManifest, level: BenchLevel | None, prompt_token
     if level is None:
         return 0.0
     bench = manifest.benchmark or {}
-    prompt = prompt_tokens or bench.get("prompt_tokens") or 0
+    asked = level.workload.input_tokens if level.workload else None   # a scenario's prompts
+    prompt = asked or prompt_tokens or bench.get("prompt_tokens") or 0
     output = level.output_tokens / level.completed if level.completed and level.output_tokens \
         else bench.get("max_tokens") or 0
     return float(prompt) + float(output) / 2
@@ -106,6 +107,8 @@ def roofline_for(manifest: RunManifest, level: BenchLevel | None, prompt_tokens:
     gpu, gbs, source = bw
     gpus = manifest.gpus_used or getattr(manifest.host, "gpus", None) or 1
     concurrency = level.concurrency if level else 1
+    if concurrency is None:   # an open loop's level: its batch is whatever the arrivals made it
+        return None
     context = context_tokens(manifest, level, prompt_tokens)
     weight_bytes = model.active_params_b * 1e9 * model.bytes_per_weight
     kv_bytes = concurrency * (model.kv_bytes_per_token or 0) * context

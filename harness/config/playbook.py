@@ -136,7 +136,26 @@ class Scenario(Strict):
     arrival: Literal["poisson", "gamma", "constant"] = Field("poisson", description="open loop: the gaps "
                                                              "between scheduled sends")
     burstiness: float = Field(1.0, gt=0, description="gamma's shape: 1 is Poisson, below 1 burstier")
-    requests: int | None = Field(None, ge=1, description="requests a level; default: the playbook's rule")
+    requests: int | None = Field(None, ge=1, description="requests a level; default: benchmark.requests, else "
+                                 "max(16, 2 x concurrency) or max(16, 2 x request_rate)")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Scenario:
+        if (self.concurrency is None) == (self.request_rate is None):
+            raise ValueError(f"scenario {self.name}: give concurrency (closed loop) or request_rate (open loop), "
+                             "one of the two")
+        if any(c < 1 for c in self.concurrency or ()) or any(r <= 0 for r in self.request_rate or ()):
+            raise ValueError(f"scenario {self.name}: concurrency levels are >= 1 and request rates above 0")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """"concurrency" (closed loop) or "request_rate" (open loop)."""
+        return "concurrency" if self.concurrency is not None else "request_rate"
+
+    @property
+    def loads(self) -> list[float]:
+        return list(self.concurrency if self.concurrency is not None else self.request_rate or [])
 
 
 class Benchmark(Strict):
@@ -154,7 +173,17 @@ class Benchmark(Strict):
     max_failed_share: float = Field(0.0, ge=0, le=1, description="a run whose level lost more than this "
                                     "share of its requests fails (kind bench); 0: any failed request fails it")
     scenarios: list[Scenario] = Field(default_factory=list, description="workloads, each its own levels "
-                                      "(instead of prompt, max_tokens and concurrency)")
+                                      "(instead of prompt, prompt_tokens, max_tokens, concurrency and ignore_eos)")
+    random_state: int = Field(0, ge=0, description="fixes the open loop's arrivals and the scenarios' prompts "
+                              "(level i draws from random_state + i)")
+
+    @field_validator("scenarios")
+    @classmethod
+    def _unique_scenarios(cls, v: list[Scenario]) -> list[Scenario]:
+        names = [sc.name for sc in v]
+        if twice := next((n for n in names if names.count(n) > 1), None):
+            raise ValueError(f"scenario name {twice!r} appears twice")
+        return v
 
     @field_validator("concurrency", mode="before")
     @classmethod
@@ -167,6 +196,10 @@ class Benchmark(Strict):
         if any(c < 1 for c in v):
             raise ValueError("concurrency levels must be >= 1")
         return v
+
+
+SCENARIO_REPLACES = ("prompt", "prompt_tokens", "max_tokens", "concurrency", "ignore_eos")
+"""The single workload's keys, which benchmark.scenarios replace (refused beside them)."""
 
 
 class Profile(Strict):
@@ -479,12 +512,6 @@ class Playbook(Strict):
     @model_validator(mode="after")
     def _not_yet(self):
         # keys whose behaviour lands piece by piece: refused, never silently ignored
-        if self.benchmark.scenarios or any("scenarios" in c.benchmark for c in self.all_configs):
-            raise ValueError("benchmark.scenarios is not supported yet")
-        if self.slo:
-            raise ValueError("slo is not supported yet")
-        if self.search is not None and self.search.max_load is not None:
-            raise ValueError("search.max_load is not supported yet")
         if any(c.nodes > 1 for c in self.all_configs):
             raise ValueError("nodes above 1 are not supported yet")
         return self
@@ -492,6 +519,58 @@ class Playbook(Strict):
     @property
     def optuna(self) -> Optuna | None:
         return self.search.optuna if self.search is not None else None
+
+    @model_validator(mode="after")
+    def _workloads(self):
+        """Scenarios replace the single workload's keys (a playbook says one or the other, so no level
+        runs a workload nobody wrote); max_load needs the scenario it searches and an SLO."""
+        mine = set(self.benchmark.model_fields_set) & set(SCENARIO_REPLACES)
+        for c in self.all_configs:
+            scenarios = c.benchmark.get("scenarios", self.benchmark.scenarios)
+            if not scenarios:
+                continue
+            mixed = sorted(mine | (set(c.benchmark) & set(SCENARIO_REPLACES)))
+            if mixed:
+                raise ValueError(f"configuration {c.name}: benchmark.scenarios replace benchmark."
+                                 f"{', benchmark.'.join(mixed)}: give each scenario its input_tokens, output_tokens "
+                                 "and concurrency or request_rate instead")
+        ml = self.search.max_load if self.search is not None else None
+        for c in self.all_configs:
+            try:
+                scenarios = [Scenario.model_validate(sc) if isinstance(sc, dict) else sc
+                             for sc in c.benchmark.get("scenarios", self.benchmark.scenarios)]
+            except ValidationError:
+                continue   # the plan names the configuration's bad scenario, with its line
+            searched = (ml.scenario or scenarios[0].name) if ml is not None and scenarios else None
+            empty = next((sc.name for sc in scenarios if not sc.loads and sc.name != searched), None)
+            if empty:
+                raise ValueError(f"scenario {empty}: no levels (its concurrency or request_rate list is empty; only "
+                                 "the scenario search.max_load searches may leave it empty)")
+        if ml is None:
+            return self
+        if not (ml.slo or self.slo):
+            raise ValueError("search.max_load: an SLO to meet (search.max_load.slo or slo)")
+        if ml.low > ml.high:
+            raise ValueError(f"search.max_load: low {ml.low:g} is above high {ml.high:g}")
+        for c in self.all_configs:
+            try:
+                scenarios = [Scenario.model_validate(sc) if isinstance(sc, dict) else sc
+                             for sc in c.benchmark.get("scenarios", self.benchmark.scenarios)]
+            except ValidationError:
+                continue
+            names = [sc.name for sc in scenarios]
+            if not names:
+                raise ValueError(f"configuration {c.name}: search.max_load needs benchmark.scenarios (the "
+                                 "scenario whose load it searches)")
+            name = ml.scenario or names[0]
+            if name not in names:
+                raise ValueError(f"configuration {c.name}: search.max_load searches scenario {name!r}, which "
+                                 f"benchmark.scenarios does not declare (have: {', '.join(names) or 'none'})")
+            searched = next(sc for sc in scenarios if sc.name == name)
+            if searched.kind == "concurrency" and (ml.low != int(ml.low) or ml.high != int(ml.high)):
+                raise ValueError(f"search.max_load: scenario {name} is closed loop: low and high are concurrency "
+                                 "levels, whole numbers")
+        return self
 
     @model_validator(mode="after")
     def _engine_needs(self):

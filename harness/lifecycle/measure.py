@@ -30,22 +30,72 @@ def prompt_file(ctx: RunContext) -> str:
     return path
 
 
+def bench_plan(ctx: RunContext) -> dict | None:
+    """The scenarios, SLO and max_load search for the benchmark client (`--plan`), or None for the
+    single workload of the old keys (which then goes as --concurrency, --max-tokens, the prompt)."""
+    pb, b = ctx.sweep.playbook, ctx.run.benchmark
+    if not b.scenarios and not pb.slo:
+        return None
+    plan: dict = {"random_state": b.random_state}
+    if pb.slo:
+        plan["slo"] = dict(pb.slo)
+    if b.scenarios:
+        plan["scenarios"] = [sc.model_dump(exclude_none=True) for sc in b.scenarios]
+    ml = pb.search.max_load if pb.search is not None else None
+    if ml is not None and b.scenarios:
+        name = ml.scenario or b.scenarios[0].name
+        closed = next(sc for sc in b.scenarios if sc.name == name).kind == "concurrency"
+        plan["search"] = {"scenario": name, "slo": dict(ml.slo or pb.slo), "steps": ml.steps,
+                          "low": int(ml.low) if closed else ml.low, "high": int(ml.high) if closed else ml.high}
+    return plan
+
+
+PROMPT_S = 0.1
+"""Seconds allowed to build one scenario request's prompt (a tokenizer call takes about a millisecond)."""
+
+
+def _waves(ctx: RunContext) -> float:
+    """The worst case, in request timeouts: every request of every level runs into its own timeout,
+    one wave after another (an open loop's requests are all in flight at once: one wave, after its
+    schedule)."""
+    pb, b = ctx.sweep.playbook, ctx.run.benchmark
+    if not b.scenarios:
+        return sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
+    ml = pb.search.max_load if pb.search is not None else None
+    levels = [(sc, load) for sc in b.scenarios for load in sc.loads]
+    if ml is not None:
+        searched = next((sc for sc in b.scenarios if sc.name == (ml.scenario or b.scenarios[0].name)), b.scenarios[0])
+        levels += [(searched, ml.low)] * ml.steps   # the lowest load takes longest
+    waves = 0.0
+    for sc, load in levels:
+        n = sc.requests or b.requests or max(16, 2 * int(load) + 1)
+        if sc.kind == "concurrency":
+            waves += -(-(n + b.warmup) // int(load))
+        else:
+            waves += 1 + b.warmup + n / load / b.timeout_s
+        # building its prompts: a count or two at the server's tokenizer a request, off the level's clock
+        waves += (n + b.warmup) * PROMPT_S / b.timeout_s
+    return waves
+
+
 def bench(ctx: RunContext) -> None:
     b = ctx.run.benchmark
+    plan = bench_plan(ctx)
     words: list[str | int | float] = ["--url", ctx.base_url, "--model", ctx.sweep.playbook.model.name, "--api", b.api,
-             "--concurrency", ",".join(map(str, b.concurrency)), "--warmup", b.warmup,
-             "--max-tokens", b.max_tokens, "--timeout", b.timeout_s, "--out", ctx.paths.bench_json]
+                                      "--warmup", b.warmup, "--timeout", b.timeout_s, "--out", ctx.paths.bench_json]
+    if not b.scenarios:
+        words += ["--concurrency", ",".join(map(str, b.concurrency)), "--max-tokens", b.max_tokens]
+        words += ["--prompt-file", prompt_file(ctx)] if b.prompt else ["--prompt-tokens", b.prompt_tokens or 16]
+        words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
+    if plan is not None:
+        words += ["--plan", json.dumps(plan, separators=(",", ":"))]
     if b.requests:
         words += ["--requests", b.requests]
-    words += ["--prompt-file", prompt_file(ctx)] if b.prompt else ["--prompt-tokens", b.prompt_tokens or 16]
-    words.append("--ignore-eos" if b.ignore_eos else "--no-ignore-eos")
     if b.extra_body:
         words += ["--extra-body", json.dumps(b.extra_body)]
     words += ["--max-failed-share", b.max_failed_share, "--progress-file", ctx.paths.bench_progress, *key_words(ctx)]
     command = with_key(ctx, ctx.in_venv(tool_command("python", ctx.tools_dir, "bench", *words)))
-    # the worst case: every request of every level runs into its own timeout, one wave after another
-    waves = sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
-    budget = 120 + b.timeout_s * waves
+    budget = 120 + b.timeout_s * _waves(ctx)
     # one round trip: the benchmark, then whether the server outlived it
     command = f"{command}; code=$?; {alive_check(ctx)}; exit $code"
     try:

@@ -9,14 +9,20 @@ nothing from the rest of `harness` but its sibling `stats.py` (percentiles and d
 Each concurrency level runs in order: `--warmup` requests that are not measured, then `--requests`
 requests (default: twice the concurrency, at least 16) with `concurrency` of them in flight (a closed
 loop: a stream sends its next request when its last one ends), or as many as fit in `--duration`
-seconds. Requests are greedy (temperature 0), streamed, ask for usage, and ignore EOS by default so
+seconds. `--plan '{"scenarios": [...], "slo": {...}, "search": {...}, "random_state": N}'` runs
+workloads instead (docs/formats.md "Workloads"): each scenario's levels, closed loop or open loop
+(requests sent at the instants an arrival process drew, whatever is in flight), every request its own
+prompt of exactly `input_tokens` tokens (PromptMaker: the server's /tokenize, else calibrated from its
+usage), then the probes of the max_load search (bisect_max_load); with an SLO every level records its
+goodput. Requests are greedy (temperature 0), streamed, ask for usage, and ignore EOS by default so
 every request decodes `--max-tokens` tokens. Results: bench.json (docs/formats.md "bench.json and
 requests.jsonl") and requests.jsonl beside it; a short summary goes to stderr. Exit 0 when every level
 completed (or failed no more than --max-failed-share of its requests); 4 when a level failed more,
 naming the errors; 3 when no request of any level completed; 2 on bad arguments.
 
 Definitions (per request; a level's distributions pool its completed requests):
-    TTFT = first chunk carrying text (or reasoning text) - request sent
+    TTFT = first chunk carrying text (or reasoning text) - request sent (open loop: - its scheduled
+           send time, so a late send counts against the latency a user would have seen)
     ITL  = gaps between consecutive text-carrying chunks (pooled over the level's requests): per chunk
     ITL per token (itl_token_ms) = each gap / the tokens its chunk carried (usage per chunk when the
            engine sends it, else the request's completion_tokens / its text chunks). An engine may put
@@ -24,7 +30,9 @@ Definitions (per request; a level's distributions pool its completed requests):
            text (counted as empty_events, not as a chunk): then ITL per chunk is a multiple of TPOT
            and ITL per token is the figure to compare with a client that counts every event
     TPOT = (E2E - TTFT) / (completion_tokens - 1), for requests of two tokens or more
-    E2E  = last text-carrying chunk - request sent
+    E2E  = last text-carrying chunk - request sent (open loop: - scheduled)
+    schedule lag (open loop) = sent - scheduled; achieved rate = (sent - 1) / (last send - first send)
+    goodput = requests meeting every SLO bound (each its own TTFT, TPOT, E2E, ITL percentile) / duration
     completion_tokens from the server's usage; without usage, the chunk count (tokens_from: "chunks")
     level duration = first send to last finish; output_tok_s = completed requests' tokens / duration
     decode = the steady-state window, rule "first-wave" (named in bench.json as decode.rule): among
@@ -46,7 +54,11 @@ ITL of 0): that is what the client saw. bench.json records the client's own CPU 
 streaming (client_cpu_us_per_chunk): about 5 us on a small 2-core machine, so one process follows
 256 streams at 100 tok/s (25,600 chunks a second) on about an eighth of a core.
 benchmarks/bench_fidelity.py measures the errors against a server that knows its true emission times.
-`--workers K` splits each level's streams over K processes that start together; use it only beyond
+The open loop keeps that loop: select() is asked to return up to a millisecond before the next send
+(epoll waits whole milliseconds) and the loop then polls, stamping reads as ever, until the instant;
+prompts and schedules are built before a level starts. benchmarks/open_loop.py measures the rate it
+achieves and its lag. `--workers K` splits each level's streams over K processes that start together
+(a closed loop of the one prompt only); use it only beyond
 ~100,000 chunks a second and where cores are free beside the server's own (on a 2-core host it makes
 things worse).
 """
@@ -57,11 +69,14 @@ import argparse
 import contextlib
 import errno
 import gc
+import http.client
 import json
+import math
 import multiprocessing
 import os
 import platform
 import queue
+import random
 import re
 import selectors
 import socket
@@ -93,7 +108,8 @@ Reads = list[tuple[int, bytes]]
 
 @dataclass(frozen=True)
 class Target:
-    """Where to send and the exact bytes of the request; every request of a run is the same."""
+    """Where to send and the exact bytes of the request (a scenario's requests each bring their own,
+    built from `head` before the level starts: `request_for`)."""
 
     host: str
     family: int
@@ -101,6 +117,11 @@ class Target:
     port: int
     tls: bool
     request: bytes
+    head: str = ""              # the request head up to Content-Length, for `request_for`
+
+    def request_for(self, body: dict) -> bytes:
+        payload = json.dumps(body).encode()
+        return f"{self.head}Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload
 
 
 @dataclass
@@ -118,6 +139,7 @@ class Outcome:
                                             # every one carried usage (SGLang's continuous usage)
     empty_events: int = 0       # events with a choice but no text (a token that decodes to nothing, or
                                 # a closing event that only gives the finish reason)
+    scheduled_ns: int | None = None   # open loop: when the arrival process said to send it
 
 
 # --------------------------------------------------------------------------- the hot path
@@ -131,10 +153,11 @@ class _Exchange:
     """
 
     __slots__ = ("sock", "deadline_ns", "state", "out", "reads", "sent_ns", "end_ns", "error", "head_done",
-                 "chunked", "left", "tail")
+                 "chunked", "left", "tail", "request", "scheduled_ns")
 
-    def __init__(self, sock: socket.socket, deadline_ns: int):
+    def __init__(self, sock: socket.socket, deadline_ns: int, request: bytes, scheduled_ns: int | None = None):
         self.sock, self.deadline_ns = sock, deadline_ns
+        self.request, self.scheduled_ns = request, scheduled_ns
         self.state, self.out = "connect", b""
         self.reads: Reads = []
         self.sent_ns = self.end_ns = 0
@@ -185,9 +208,11 @@ class _Loop:
         self.live: dict[_Exchange, None] = {}   # in flight, oldest (the next to time out) first
         self.finished: list[_Exchange] = []
 
-    def run(self, streams: int, count: int | None, duration: float | None) -> list[_Exchange]:
+    def run(self, streams: int, count: int | None, duration: float | None,
+            requests: Sequence[bytes] | None = None) -> list[_Exchange]:
         """`streams` streams, each sending its next request when its last one ends, until `count`
-        requests were sent or `duration` seconds passed; returns them all, ended."""
+        requests were sent or `duration` seconds passed; returns them all, ended. `requests`: the
+        bytes of each request in turn (default: the target's one request, every time)."""
         stop_ns = None if duration is None else time.monotonic_ns() + int(duration * 1e9)
         started = 0
         self.finished = []
@@ -196,40 +221,86 @@ class _Loop:
                 now = time.monotonic_ns()
                 free = streams - len(self.live)
                 while free and (count is None or started < count) and (stop_ns is None or now < stop_ns):
+                    self._start(self.target.request if requests is None else requests[started % len(requests)])
                     started, free = started + 1, free - 1
-                    self._start()
                 if not self.live:
                     return self.finished
                 oldest = next(iter(self.live))
-                events = self.sel.select(max(0.0, (oldest.deadline_ns - now) / 1e9))
+                self._wait(now, max(0, oldest.deadline_ns - now))
                 now = time.monotonic_ns()
-                for key, _ in events:
-                    x = key.data
-                    if x.state == "read":
-                        self._read(x, now)
-                    elif x.state != "done":
-                        self._advance(x)
                 while self.live and oldest.deadline_ns <= now:
                     self._finish(oldest, "timeout")
                     oldest = next(iter(self.live), oldest)
-                if self.tick is not None and now >= self.next_tick_ns:
-                    self.next_tick_ns = now + 1_000_000_000
-                    self.tick(self.finished)
+                self._progress(now)
         finally:
             for x in list(self.live):
                 self._finish(x, "benchmark interrupted")
 
-    def _start(self) -> None:
+    def run_open(self, offsets_ns: Sequence[int], requests: Sequence[bytes]) -> list[_Exchange]:
+        """Open loop: request i is sent at start + offsets_ns[i], whatever is still in flight (no
+        waiting for a free stream, so a slow server cannot slow the arrivals: no coordinated
+        omission). select() waits whole milliseconds (epoll rounds its timeout up), so it is asked
+        to return up to a millisecond early and the loop polls (select with no wait, stamping any
+        reads as usual) until the instant, at the cost of up to a millisecond of polling per request;
+        opening the request's connection then takes a fraction of a millisecond more (its schedule
+        lag, measured in benchmarks/README.md)."""
+        self.finished = []
+        nxt, n = 0, len(offsets_ns)
+        t0 = time.monotonic_ns()
+        try:
+            while True:
+                now = time.monotonic_ns()
+                while nxt < n and t0 + offsets_ns[nxt] <= now:
+                    self._start(requests[nxt], t0 + offsets_ns[nxt])
+                    nxt += 1
+                if not self.live and nxt >= n:
+                    return self.finished
+                wait = None if nxt >= n else t0 + offsets_ns[nxt] - now
+                if wait is not None and wait > 1_000_000:
+                    wait -= 1_000_000
+                elif wait is not None:
+                    wait = 0
+                if self.live:
+                    oldest = next(iter(self.live))
+                    wait = max(0, oldest.deadline_ns - now) if wait is None else min(wait, oldest.deadline_ns - now)
+                self._wait(now, max(0, wait or 0))
+                now = time.monotonic_ns()
+                while self.live and (oldest := next(iter(self.live))).deadline_ns <= now:
+                    self._finish(oldest, "timeout")
+                self._progress(now)
+        finally:
+            for x in list(self.live):
+                self._finish(x, "benchmark interrupted")
+
+    def _wait(self, now: int, timeout_ns: int) -> None:
+        """One select(): every read it reports is stamped with the instant it returned."""
+        events = self.sel.select(timeout_ns / 1e9)
+        now = time.monotonic_ns()
+        for key, _ in events:
+            x = key.data
+            if x.state == "read":
+                self._read(x, now)
+            elif x.state != "done":
+                self._advance(x)
+
+    def _progress(self, now: int) -> None:
+        if self.tick is not None and now >= self.next_tick_ns:
+            self.next_tick_ns = now + 1_000_000_000
+            self.tick(self.finished)
+
+    def _start(self, request: bytes, scheduled_ns: int | None = None) -> None:
         t = self.target
         sock = socket.socket(t.family, socket.SOCK_STREAM)
         sock.setblocking(False)
-        x = _Exchange(sock, time.monotonic_ns() + self.timeout_ns)
+        x = _Exchange(sock, time.monotonic_ns() + self.timeout_ns, request, scheduled_ns)
         self.live[x] = None
         err = sock.connect_ex((t.address, t.port))
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             return self._finish(x, f"cannot connect: [Errno {err}] {os.strerror(err)}")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sel.register(sock, selectors.EVENT_WRITE, x)
+        if err == 0:   # connected at once (loopback usually is): send now, not after another select()
+            self._advance(x)
 
     def _advance(self, x: _Exchange) -> None:
         """Connect, shake hands and send, each as far as the socket allows without blocking."""
@@ -249,7 +320,7 @@ class _Loop:
                 x.sock.do_handshake()  # type: ignore[attr-defined]
                 x.state = "send"
             if not x.sent_ns:
-                x.out, x.sent_ns = self.target.request, time.monotonic_ns()
+                x.out, x.sent_ns = x.request, time.monotonic_ns()
             x.out = x.out[x.sock.send(x.out):]
             if not x.out:
                 x.state = "read"
@@ -290,26 +361,37 @@ class _Loop:
 
 
 def _run_share(target: Target, streams: int, count: int | None, warmup: int, duration: float | None,
-               timeout: float, barrier=None, tick=None) -> tuple[list[Outcome], float]:
+               timeout: float, barrier=None, tick=None, requests: Sequence[bytes] | None = None,
+               offsets_ns: Sequence[int] | None = None) -> tuple[list[Outcome], float]:
     """Warm up, wait for the other workers, measure; parse only once every stream has ended. Returns
-    the outcomes and the CPU seconds the measured streams cost this process (parsing excluded)."""
+    the outcomes and the CPU seconds the measured streams cost this process (parsing excluded).
+    `requests`: each request's bytes, the warm-up's first; `offsets_ns`: open loop, each measured
+    request's send time from the start."""
     loop = _Loop(target, timeout)
     collecting = gc.isenabled()
     gc.disable()  # a full collection mid-level would show up as an ITL outlier
     try:
         if warmup:
-            loop.run(min(streams, warmup), warmup, None)
+            loop.run(min(streams, warmup), warmup, None, None if requests is None else requests[:warmup])
         if barrier is not None:
             barrier.wait()
+        measured = None if requests is None else requests[warmup:]
         cpu = time.process_time()
         loop.tick = tick
-        exchanges = loop.run(streams, count, duration)
+        if offsets_ns is not None:
+            assert measured is not None
+            exchanges = loop.run_open(offsets_ns, measured)
+        else:
+            exchanges = loop.run(streams, count, duration, measured)
         cpu = time.process_time() - cpu
     finally:
         loop.sel.close()
         if collecting:
             gc.enable()
-    return [parse_exchange(x.sent_ns, x.end_ns, x.reads, x.error) for x in exchanges], cpu
+    outcomes = [parse_exchange(x.sent_ns, x.end_ns, x.reads, x.error) for x in exchanges]
+    for o, x in zip(outcomes, exchanges):
+        o.scheduled_ns = x.scheduled_ns
+    return outcomes, cpu
 
 
 def _worker(results, *share) -> None:
@@ -322,10 +404,13 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def _run_level(target: Target, concurrency: int, count: int | None, warmup: int,
-               duration: float | None, timeout: float, workers: int, tick=None) -> tuple[list[Outcome], float]:
+               duration: float | None, timeout: float, workers: int, tick=None,
+               requests: Sequence[bytes] | None = None,
+               offsets_ns: Sequence[int] | None = None) -> tuple[list[Outcome], float]:
     workers = min(workers, concurrency)
-    if workers == 1:
-        return _run_share(target, concurrency, count, warmup, duration, timeout, tick=tick)
+    if workers == 1 or requests is not None:   # a scenario's own prompts, or an open loop: one process
+        return _run_share(target, concurrency, count, warmup, duration, timeout, tick=tick,
+                          requests=requests, offsets_ns=offsets_ns)
     # spawn, not fork: run_benchmark may be called in-process by a harness that has threads.
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(workers), ctx.Queue()
@@ -511,16 +596,20 @@ def _ms(ns: int) -> float:
     return ns / 1e6
 
 
-def request_record(concurrency: int, index: int, o: Outcome) -> dict:
-    """One line of requests.jsonl."""
+def request_record(concurrency: int | None, index: int, o: Outcome) -> dict:
+    """One line of requests.jsonl. TTFT and E2E count from the scheduled send time in an open loop
+    (a late send is the client's delay, which a user of the server would have waited too), else
+    from the send."""
     tokens = o.tokens if o.tokens is not None else len(o.times)
     ttft = e2e = tpot = None
+    origin = o.sent_ns if o.scheduled_ns is None else o.scheduled_ns
     if o.times:
-        ttft, e2e = _ms(o.times[0] - o.sent_ns), _ms(o.times[-1] - o.sent_ns)
+        ttft, e2e = _ms(o.times[0] - origin), _ms(o.times[-1] - origin)
         if tokens >= 2:
             tpot = (e2e - ttft) / (tokens - 1)
     itl = [_ms(b - a) for a, b in zip(o.times, o.times[1:])]
-    return {"concurrency": concurrency, "index": index, "start_ns": o.sent_ns, "end_ns": o.end_ns,
+    return {"concurrency": concurrency, "index": index, "scheduled_ns": o.scheduled_ns, "start_ns": o.sent_ns,
+            "end_ns": o.end_ns,
             "ttft_ms": ttft, "itl_ms": itl, "itl_token_ms": _per_token(itl, o, tokens),
             "tpot_ms": tpot, "e2e_ms": e2e, "output_tokens": tokens,
             "tokens_from": "usage" if o.tokens is not None else "chunks", "chunks": len(o.times),
@@ -556,10 +645,12 @@ def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> dict | None:
             "per_user_tok_s": sum(tokens) / len(wave) / window_s, "aggregate_tok_s": sum(tokens) / window_s}
 
 
-def summarize_level(concurrency: int, outcomes: Sequence[Outcome]) -> tuple[dict, list[dict]]:
-    """A level of bench.json and its requests.jsonl records (indexed in the order they were sent)."""
-    records = [request_record(concurrency, i, o)
-               for i, o in enumerate(sorted(outcomes, key=lambda o: o.sent_ns))]
+def summarize_level(concurrency: int | None, outcomes: Sequence[Outcome],
+                    slo: dict[str, float] | None = None) -> tuple[dict, list[dict]]:
+    """A level of bench.json and its requests.jsonl records (indexed in the order they were sent, or
+    scheduled in an open loop). With `slo`, the level's goodput (`goodput`)."""
+    records = [request_record(concurrency, i, o) for i, o in
+               enumerate(sorted(outcomes, key=lambda o: o.sent_ns if o.scheduled_ns is None else o.scheduled_ns))]
     ok = [r for r in records if r["error"] is None]
     duration_s = 0.0
     if outcomes:
@@ -582,9 +673,262 @@ def summarize_level(concurrency: int, outcomes: Sequence[Outcome]) -> tuple[dict
         "empty_events": sum(r["empty_events"] for r in ok),
         "tpot_ms": distribution(r["tpot_ms"] for r in ok if r["tpot_ms"] is not None),
         "e2e_ms": distribution(r["e2e_ms"] for r in ok if r["e2e_ms"] is not None),
-        "decode": decode_window(outcomes, concurrency),
+        "decode": decode_window(outcomes, concurrency) if concurrency else None,
     }
+    if slo:
+        good = sum(request_meets(r, slo) for r in records)
+        level.update(slo=slo, slo_met_requests=good, goodput_req_s=good / duration_s if duration_s else None)
+        level["slo_met"] = level_meets(level, slo)
     return level, records
+
+
+# --------------------------------------------------------------------------- SLOs, arrivals, the search
+
+def _slo_parts(metric: str) -> tuple[str, str]:
+    """"ttft_ms_p99" -> ("ttft_ms", "p99")."""
+    name, _, stat = metric.rpartition("_")
+    return name, stat
+
+
+def request_meets(record: dict, slo: dict[str, float]) -> bool:
+    """Whether one completed request meets every bound: its TTFT, TPOT and E2E against their bounds
+    (whatever statistic the bound names: a request has one value of each), its own ITL percentile
+    for itl_ms_*. A request of one token has no TPOT nor ITL, and meets those bounds; a failed one
+    meets none."""
+    if record["error"] is not None:
+        return False
+    for metric, bound in slo.items():
+        name, stat = _slo_parts(metric)
+        if name == "itl_ms":
+            if not record["itl_ms"]:
+                continue
+            value = distribution(record["itl_ms"])[stat]
+        else:
+            value = record.get(name)
+            if value is None:
+                if name == "tpot_ms":
+                    continue
+                return False
+        if value > bound:
+            return False
+    return True
+
+
+def level_meets(level: dict, slo: dict[str, float]) -> bool:
+    """Whether a level as a whole meets the SLO (what max_load searches for): every request completed
+    and each bound holds for the level's own statistic (ttft_ms_p99: the p99 of the level's TTFTs;
+    itl_ms_p99: of its pooled ITLs)."""
+    if not level["completed"] or level["failed"]:
+        return False
+    for metric, bound in slo.items():
+        name, stat = _slo_parts(metric)
+        value = (level.get(name) or {}).get(stat)
+        if value is None and name in ("tpot_ms", "itl_ms"):
+            continue   # outputs of one token: no gaps to bound
+        if value is None or value > bound:
+            return False
+    return True
+
+
+ARRIVALS = ("poisson", "gamma", "constant")
+
+
+def arrival_offsets(rate: float, count: int, arrival: str = "poisson", burstiness: float = 1.0,
+                    random_state: int = 0) -> list[int]:
+    """Open loop: each request's send time, ns from the first (which is at 0), drawn from a fixed
+    random state so a level's schedule can be drawn again. Gaps: exponential of mean 1/rate
+    (poisson), gamma of shape `burstiness` and the same mean (below 1 burstier than Poisson, above
+    more regular; 1 is Poisson), or exactly 1/rate (constant)."""
+    if rate <= 0 or count < 0 or arrival not in ARRIVALS or burstiness <= 0:
+        raise ValueError("a rate above 0, a count, an arrival of " + ", ".join(ARRIVALS) + " and burstiness above 0")
+    rng = random.Random(random_state)
+    t, out = 0.0, []
+    for _ in range(count):
+        out.append(round(t * 1e9))
+        if arrival == "constant":
+            t += 1 / rate
+        elif arrival == "poisson":
+            t += rng.expovariate(rate)
+        else:
+            t += rng.gammavariate(burstiness, 1 / (rate * burstiness))
+    return out
+
+
+def bisect_max_load(low: float, high: float, steps: int, integer: bool,
+                    meets: Callable[[float], bool]) -> dict:
+    """The highest load in [low, high] that `meets`, assuming fewer loads meet as the load grows, in at
+    most `steps` probes: low first (if it misses, nothing meets), then high (if it meets, it is the
+    answer), then the middle of the last load that met and the first that missed, until `steps`
+    probes were made or (integers) no load lies between them. Returns {value, met, probes}:
+    value None and met False when low already missed."""
+    if integer:
+        low, high = math.ceil(low), math.floor(high)
+    if low > high or steps < 1:
+        raise ValueError(f"max_load: low {low} is above high {high}, or steps below 1")
+    probes: list[dict] = []
+
+    def probe(load: float) -> bool:
+        ok = bool(meets(load))
+        probes.append({"load": load, "met": ok})
+        return ok
+
+    if not probe(low):
+        return {"value": None, "met": False, "probes": probes}
+    if steps == 1 or high == low:
+        return {"value": low, "met": True, "probes": probes}
+    if probe(high):
+        return {"value": high, "met": True, "probes": probes}
+    good, bad = low, high
+    while len(probes) < steps:
+        mid = (good + bad) // 2 if integer else (good + bad) / 2
+        if integer and mid <= good:
+            break
+        if probe(mid):
+            good = mid
+        else:
+            bad = mid
+    return {"value": good, "met": True, "probes": probes}
+
+
+# --------------------------------------------------------------------------- prompts of exact lengths
+
+PREFIX_WORDS = 6       # a request's own opening words (of _WORDS: 40^6 ways), so no two share a cached prefix
+MAX_ANSWER = 64 << 20  # bytes of a tokenizer's or probe's answer read at most
+
+
+class PromptMaker:
+    """Prompts of exactly N of the server's tokens, each opening with its own random words.
+
+    With a tokenizer endpoint (`POST /tokenize`: vLLM's, and SGLang's since at least 0.5.23; both
+    answer {"count": N, "tokens": [...], "max_model_len": M}) each prompt is counted there and its
+    word count adjusted until it is N (`prompt_source: "tokenize"`). Without one, probe requests of
+    one output token, with an opening no measured request uses, find the word count whose
+    `usage.prompt_tokens` is N, used for every request (`"usage-calibrated"`: every request's own
+    opening may tokenize a little differently; the server's counts afterwards say). With neither,
+    N words (`"words"`). Requests are built before a level starts, off its clock."""
+
+    def __init__(self, url: str, model: str, api: str, headers: dict[str, str], timeout: float,
+                 extra_body: dict | None = None):
+        parts = urlsplit(url)
+        self.tls, self.host, self.port = parts.scheme == "https", parts.hostname or "", parts.port
+        base = parts.path.rstrip("/")
+        self.root = base[:-3] if base.endswith("/v1") else base
+        self.model, self.api, self.headers, self.timeout = model, api, headers, timeout
+        self.extra_body = extra_body or {}
+        self.conn: http.client.HTTPConnection | None = None
+        self.tokenizer: bool | None = None   # whether the server has /tokenize (None: not asked yet)
+        self.how: dict[int, str] = {}           # input tokens -> "usage-calibrated" or "words"
+        self.calls = 0
+        self.used: set[tuple[int, ...]] = set()
+        self.calibrated: dict[int, int] = {}   # usage-calibrated: input tokens -> words
+        self.guess: dict[int, int] = {}        # tokenize: input tokens -> the last word count that fit
+
+    def _post(self, path: str, body: dict) -> tuple[int, Any]:
+        for attempt in (0, 1):   # a kept-alive connection the server closed meanwhile: once more
+            if self.conn is None:
+                cls = http.client.HTTPSConnection if self.tls else http.client.HTTPConnection
+                self.conn = cls(self.host, self.port, timeout=self.timeout)
+            try:
+                self.conn.request("POST", path, json.dumps(body),
+                                  {"Content-Type": "application/json", **self.headers})
+                resp = self.conn.getresponse()
+                data = resp.read(MAX_ANSWER + 1)
+                break
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+        self.calls += 1
+        if len(data) > MAX_ANSWER:
+            raise ValueError(f"{path}: an answer of more than {MAX_ANSWER} bytes")
+        try:
+            return resp.status, json.loads(data)
+        except ValueError:
+            return resp.status, None
+
+    def content(self, text: str) -> dict:
+        return {"messages": [{"role": "user", "content": text}]} if self.api == "chat" else {"prompt": text}
+
+    def _tokenized(self, text: str) -> int | None:
+        try:
+            status, answer = self._post(self.root + "/tokenize", {"model": self.model, **self.content(text)})
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        count = answer.get("count") if status == 200 and isinstance(answer, dict) else None
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+    def _usage(self, text: str) -> int | None:
+        body = {**self.extra_body, "model": self.model, "max_tokens": 1, "temperature": 0, "stream": False,
+                **self.content(text)}
+        try:
+            status, answer = self._post(self.root + "/v1" + APIS[self.api], body)
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        usage = answer.get("usage") if status == 200 and isinstance(answer, dict) else None
+        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+    def _words(self, rng: random.Random) -> list[str]:
+        while True:
+            pick = tuple(rng.randrange(len(_WORDS)) for _ in range(PREFIX_WORDS))
+            if pick not in self.used:
+                self.used.add(pick)
+                return [_WORDS[i] for i in pick]
+
+    @staticmethod
+    def _text(opening: list[str], words: int) -> str:
+        filler = (_WORDS[i % len(_WORDS)] for i in range(max(0, words - len(opening))))
+        return " ".join([*opening[:words], *filler])
+
+    @staticmethod
+    def _fit(count: Callable[[int], int | None], tokens: int, guess: int) -> tuple[int, int | None]:
+        """The word count whose prompt counts `tokens`, from `guess`, in a few counts at most (the
+        closest found when none fits exactly, or the count is unknown)."""
+        seen: dict[int, int] = {}
+        words = max(1, guess)
+        for _ in range(8):
+            got = count(words)
+            if got is None:
+                return words, None
+            seen[words] = got
+            if got == tokens:
+                break
+            words = max(1, words + tokens - got)
+            if words in seen:
+                break
+        best = min(seen, key=lambda w: (abs(seen[w] - tokens), seen[w] > tokens))
+        return best, seen[best]
+
+    def prompts(self, tokens: int, count: int, rng: random.Random) -> list[str]:
+        """`count` prompts of `tokens` tokens, each with its own opening."""
+        if self.tokenizer is None:
+            self.tokenizer = self._tokenized("hello") is not None
+        if not self.tokenizer and tokens not in self.calibrated:
+            probe = self._words(rng)
+            words, got = self._fit(lambda w: self._usage(self._text(probe, w)), tokens, tokens)
+            self.calibrated[tokens] = words if got is not None else tokens
+            self.how[tokens] = "usage-calibrated" if got is not None else "words"
+        out = []
+        for _ in range(count):
+            opening = self._words(rng)
+            if self.tokenizer:
+                def counted(w: int, o: list[str] = opening) -> int | None:
+                    return self._tokenized(self._text(o, w))
+                words, _ = self._fit(counted, tokens, self.guess.get(tokens, tokens))
+                self.guess[tokens] = words
+            else:
+                words = self.calibrated.setdefault(tokens, tokens)
+            out.append(self._text(opening, words))
+        return out
+
+    def source(self, tokens: int) -> str:
+        """How prompts of `tokens` tokens were made (bench.json's prompt_source)."""
+        return "tokenize" if self.tokenizer else self.how.get(tokens, "words")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 # --------------------------------------------------------------------------- the API
@@ -608,15 +952,15 @@ def build_target(url: str, body: dict, api: str, headers: dict[str, str] | None 
         if not re.fullmatch(r"[A-Za-z0-9-]+", name) or any(c in value for c in "\r\n"):
             raise ValueError(f"header {name!r}: a name of letters, digits and '-', a value on one line")
         extra += f"{name}: {value}\r\n"
-    head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{extra}"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    start = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
+             f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{extra}")
+    head = f"{start}Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     try:
         family, *_, sockaddr = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0]
     except OSError as e:
         raise ValueError(f"cannot resolve {parts.hostname!r}: {e}") from e
     address = str(sockaddr[0])  # already a str for an IP family (typeshed also allows the int of other families)
-    return Target(parts.hostname, family, address, port, tls, head.encode() + payload)
+    return Target(parts.hostname, family, address, port, tls, head.encode() + payload, start)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -624,19 +968,66 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _check_scenario(sc: Any, searched: bool) -> None:
+    name = sc.get("name") if isinstance(sc, dict) else None
+    _check(isinstance(name, str) and bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", name)),
+           f"a scenario needs a name of letters, digits, '.', '_', '-' (got {sc!r})")
+    for key in ("input_tokens", "output_tokens"):
+        _check(isinstance(sc.get(key), int) and sc[key] >= 1, f"scenario {name}: {key} must be a positive integer")
+    conc, rate = sc.get("concurrency"), sc.get("request_rate")
+    _check((conc is None) != (rate is None), f"scenario {name}: give concurrency (closed loop) or request_rate "
+           "(open loop), one of them")
+    _check(all(isinstance(c, int) and c >= 1 for c in conc or ()), f"scenario {name}: concurrency levels are "
+           "positive integers")
+    _check(all(isinstance(r, (int, float)) and r > 0 for r in rate or ()), f"scenario {name}: request rates are "
+           "positive numbers")
+    _check(searched or bool(conc or rate), f"scenario {name}: no levels")
+    _check(sc.get("arrival", "poisson") in ARRIVALS, f"scenario {name}: arrival is one of {', '.join(ARRIVALS)}")
+    _check(float(sc.get("burstiness", 1.0)) > 0, f"scenario {name}: burstiness must be above 0")
+    _check(sc.get("requests") is None or sc["requests"] >= 1, f"scenario {name}: requests must be at least 1")
+
+
+SLO_FORM = "metrics like ttft_ms_p99 or itl_ms_p50, each to a bound in ms above 0"
+
+
+def _is_slo(slo: Any) -> bool:
+    return isinstance(slo, dict) and all(
+        isinstance(k, str) and re.fullmatch(r"(ttft|itl|tpot|e2e)_ms_(mean|p50|p90|p95|p99|max)", k) is not None
+        and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in slo.items())
+
+
+def _load_label(level: dict) -> str:
+    scenario = f"{level['scenario']} " if level.get("scenario") else ""
+    if level.get("request_rate") is not None:
+        return f"{scenario}rate {level['request_rate']:g}/s"
+    return f"{scenario}concurrency {level['concurrency']}"
+
+
 def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), requests: int | None = None,
                   warmup: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, prompt: str | None = None,
                   prompt_tokens: int | None = None, api: str = "completions", ignore_eos: bool = True,
                   timeout: float = DEFAULT_TIMEOUT_S, duration: float | None = None, workers: int = 1,
                   progress: Callable[[dict], None] | None = None, extra_body: dict | None = None,
-                  headers: dict[str, str] | None = None, on_tick: Callable[[dict], None] | None = None) -> dict:
-    """Run every concurrency level; return bench.json's content plus "requests" (requests.jsonl's lines).
+                  headers: dict[str, str] | None = None, on_tick: Callable[[dict], None] | None = None,
+                  scenarios: Sequence[dict] | None = None, slo: dict[str, float] | None = None,
+                  search: dict | None = None, random_state: int = 0) -> dict:
+    """Run every level; return bench.json's content plus "requests" (requests.jsonl's lines).
 
-    `requests` is per level (default: max(2 x concurrency, 16); with `duration`, a cap). Raises
-    ValueError on bad arguments; failed requests are recorded, never raised. `progress` is called with
-    each level as it finishes. `ignore_eos` is sent only when true (some servers refuse unknown
-    fields, transformers serve with HTTP 422); `extra_body` adds engine-specific fields to every request.
+    Without `scenarios`, one level per `concurrency`, every request the same prompt. With them, each
+    scenario's levels in turn (closed loop at each of its `concurrency`, or open loop at each of its
+    `request_rate`), each request its own prompt of exactly `input_tokens` tokens (PromptMaker),
+    asking `output_tokens` with ignore_eos; then, with `search` ({scenario, slo, low, high, steps}),
+    the probes of the highest load of that scenario that meets the SLO (bisect_max_load), each an
+    ordinary level marked `probe`, after every scenario's own levels. `random_state` fixes the
+    arrivals and prompts (level i draws from random_state + i). `slo` adds goodput to every level.
+
+    `requests` is per level (default: max(2 x concurrency, 16), or max(2 x rate, 16) in an open
+    loop; with `duration`, a cap). Raises ValueError on bad arguments; failed requests are recorded,
+    never raised. `progress` is called with each level as it finishes. `ignore_eos` is sent only
+    when true (some servers refuse unknown fields, transformers serve with HTTP 422); `extra_body`
+    adds engine-specific fields to every request.
     """
+    scenarios = list(scenarios or ())
     _check(bool(concurrency) and all(c >= 1 for c in concurrency), "concurrency must be positive integers")
     _check(requests is None or requests >= 1, "requests must be at least 1")
     _check(warmup >= 0, "warmup must be 0 or more")
@@ -646,48 +1037,156 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     _check(api in APIS, f"api must be one of {', '.join(APIS)}")
     _check(timeout > 0 and (duration is None or duration > 0), "timeout and duration must be positive")
     _check(workers >= 1, "workers must be at least 1")
+    _check(not scenarios or (prompt is None and prompt_tokens is None),
+           "scenarios make their own prompts: give no prompt nor prompt_tokens with them")
+    _check(not scenarios or duration is None, "scenarios count their requests: no duration with them")
+    _check(search is None or bool(scenarios), "search needs scenarios (the scenario whose load it searches)")
+    _check(slo is None or _is_slo(slo), "slo: " + SLO_FORM)
+    _check(isinstance(random_state, int) and random_state >= 0, "random_state must be an integer, 0 or more")
+    searched = None
+    if search is not None:
+        _check(isinstance(search, dict) and all(isinstance(search.get(k), (int, float)) for k in ("low", "high")),
+               "search: {scenario, slo, low, high, steps}, low and high numbers")
+        names = [sc.get("name") for sc in scenarios if isinstance(sc, dict)]
+        searched = search.get("scenario") or (names[0] if names else None)
+        _check(searched in names, f"search: no scenario named {searched!r} (have: {', '.join(map(str, names))})")
+        _check(_is_slo(search.get("slo")) and bool(search["slo"]), "search: an SLO to meet: " + SLO_FORM)
+        _check(isinstance(search.get("steps"), int) and search["steps"] >= 1, "search: steps must be at least 1")
+        _check(0 < search.get("low", 0) <= search.get("high", 0), "search: 0 < low <= high")
+    for sc in scenarios:
+        _check_scenario(sc, sc.get("name") == searched if isinstance(sc, dict) else False)
     words: int | None = None
     if prompt is not None:
         text = prompt
     else:
-        words = prompt_tokens or DEFAULT_PROMPT_WORDS
-        text = synthetic_prompt(words)
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        words = None if scenarios else (prompt_tokens or DEFAULT_PROMPT_WORDS)
+        text = synthetic_prompt(words or DEFAULT_PROMPT_WORDS)
+    base = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     if ignore_eos:
-        body["ignore_eos"] = True
+        base["ignore_eos"] = True
+    body = dict(base)
     body.update({"messages": [{"role": "user", "content": text}]} if api == "chat" else {"prompt": text})
     body.update(extra_body or {})
     target = build_target(url, body, api, headers)
 
     result: dict[str, Any]
-    result = {"schema": SCHEMA, "url": url, "model": model, "api": api, "max_tokens": max_tokens,
-              "prompt_tokens": None, "prompt": prompt, "prompt_words": words, "ignore_eos": ignore_eos,
+    result = {"schema": SCHEMA, "url": url, "model": model, "api": api,
+              "max_tokens": None if scenarios else max_tokens, "prompt_tokens": None, "prompt": prompt,
+              "prompt_words": words, "ignore_eos": ignore_eos or bool(scenarios),
               "temperature": 0, "warmup": warmup, "timeout_s": timeout, "duration_limit_s": duration,
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "client": {"name": "harness-bench", "python": platform.python_version(),
                          "host": socket.gethostname(), "workers": workers, "clock": "time.monotonic_ns",
-                         "percentiles": "linear interpolation (numpy default)"},
+                         "percentiles": "linear interpolation (numpy default)",
+                         "latency_origin": "the send time; in an open loop the scheduled send time"},
+              "slo": slo or None, "random_state": random_state, "scenarios": scenarios or None,
               "levels": [], "requests": []}
-    for index, c in enumerate(concurrency):
-        count = requests if requests is not None or duration is not None else max(2 * c, 16)
-        tick = _ticker(on_tick, c, count, duration, max_tokens, len(concurrency), index) if on_tick else None
-        outcomes, cpu_s = _run_level(target, c, count, warmup, duration, timeout, workers, tick)
-        level, records = summarize_level(c, outcomes)
+    maker = PromptMaker(url, model, api, headers or {}, timeout, extra_body) if scenarios else None
+    plan: list[dict] = []
+    if scenarios:
+        for sc in scenarios:
+            kind = "concurrency" if sc.get("concurrency") is not None else "request_rate"
+            plan += [{"scenario": sc, kind: load} for load in sc[kind] or ()]
+    else:
+        plan = [{"concurrency": c} for c in concurrency]
+    levels_total = len(plan) + (search["steps"] if search else 0)
+
+    def measure(spec: dict, level_slo: dict | None, probe: bool = False) -> dict:
+        index = len(result["levels"])
+        sc, c, rate = spec.get("scenario"), spec.get("concurrency"), spec.get("request_rate")
+        n: int | None = (sc or {}).get("requests") or requests
+        count: int | None
+        if rate is None:
+            assert c is not None   # a level is closed loop or open
+            count = n if n is not None or duration is not None else max(2 * c, 16)
+        else:
+            count = n or (math.ceil(rate * duration) if duration else max(16, math.ceil(2 * rate)))
+        state = random_state + index
+        reqs = offsets = None
+        if sc is not None:
+            assert maker is not None and count is not None   # a scenario's level counts its requests
+            scenario_body = {**base, "max_tokens": sc["output_tokens"], "ignore_eos": True, **(extra_body or {})}
+            texts = maker.prompts(sc["input_tokens"], count + warmup, random.Random(f"prompts/{state}"))
+            reqs = [target.request_for(scenario_body | maker.content(t)) for t in texts]
+            if rate is not None:
+                offsets = arrival_offsets(rate, count, sc.get("arrival", "poisson"), float(sc.get("burstiness", 1.0)),
+                                          state)
+        streams = c if c is not None else 1
+        tick = (_ticker(on_tick, _load_label({"scenario": sc and sc["name"], "concurrency": c, "request_rate": rate}),
+                        c, count, duration, sc["output_tokens"] if sc else max_tokens, levels_total, index)
+                if on_tick else None)
+        outcomes, cpu_s = _run_level(target, streams, count, warmup, duration if offsets is None else None, timeout,
+                                     workers, tick, reqs, offsets)
+        level, records = summarize_level(c, outcomes, level_slo)
         chunks = sum(r["chunks"] for r in records)
         level["client_cpu_s"] = cpu_s
         level["client_cpu_us_per_chunk"] = cpu_s * 1e6 / chunks if chunks else None
+        if sc is not None:
+            assert maker is not None
+            level = _scenario_fields(level, records, outcomes, sc, rate, state, maker.source(sc["input_tokens"]), probe)
         result["levels"].append(level)
         result["requests"] += records
         if result["prompt_tokens"] is None:
             result["prompt_tokens"] = next((o.prompt_tokens for o in outcomes if o.prompt_tokens), None)
         if progress:
             progress(level)
+        return level
+
+    try:
+        for spec in plan:
+            measure(spec, slo)
+        if search is not None:
+            sc = next(s for s in scenarios if s["name"] == searched)
+            kind = "concurrency" if sc.get("concurrency") is not None else "request_rate"
+            probes: list[int] = []
+
+            def meets(load: float) -> bool:
+                level = measure({"scenario": sc, kind: int(load) if kind == "concurrency" else load}, search["slo"],
+                                probe=True)
+                probes.append(len(result["levels"]) - 1)
+                return bool(level["slo_met"])
+
+            found = bisect_max_load(search["low"], search["high"], search["steps"], kind == "concurrency", meets)
+            for p, index in zip(found["probes"], probes):
+                p["level"] = index
+            result["max_load"] = {"scenario": searched, "kind": kind, "low": search["low"], "high": search["high"],
+                                  "steps": search["steps"], "slo": search["slo"], **found}
+    finally:
+        if maker is not None:
+            maker.close()
     return result
 
 
-def _ticker(on_tick: Callable[[dict], None], concurrency: int, count: int | None, duration: float | None,
-            max_tokens: int, levels: int, index: int) -> Callable[[list[_Exchange]], None]:
+def _scenario_fields(level: dict, records: list[dict], outcomes: Sequence[Outcome], sc: dict, rate: float | None,
+                     state: int, source: str, probe: bool) -> dict:
+    """What a scenario's level adds to bench.json (and its requests to requests.jsonl): the workload,
+    the prompts' lengths as the server counted them, and in an open loop the schedule's keeping."""
+    reported = Counter(r["prompt_tokens"] for r in records if r["error"] is None and r["prompt_tokens"] is not None)
+    kind = "concurrency" if rate is None else "request_rate"
+    head = {"scenario": sc["name"], "workload": {"scenario": sc["name"], "input_tokens": sc["input_tokens"],
+                                                 "output_tokens": sc["output_tokens"], "kind": kind,
+                                                 "load": level["concurrency"] if rate is None else rate},
+            "concurrency": level["concurrency"], "request_rate": rate, "probe": probe, "random_state": state,
+            "prompt_source": source,
+            "prompt_tokens_reported": {str(k): v for k, v in sorted(reported.items(), key=lambda kv: kv[0])},
+            "prompt_tokens_mismatches": sum(n for k, n in reported.items() if k != sc["input_tokens"]),
+            "prompt_tokens_unreported": sum(r["error"] is None and r["prompt_tokens"] is None for r in records),
+            "latency_origin": "sent" if rate is None else "scheduled"}
+    if rate is not None:
+        head["arrival"], head["burstiness"] = sc.get("arrival", "poisson"), float(sc.get("burstiness", 1.0))
+        sent = sorted(o.sent_ns for o in outcomes if o.sent_ns)
+        head["achieved_rate_req_s"] = ((len(sent) - 1) / ((sent[-1] - sent[0]) / 1e9)
+                                       if len(sent) > 1 and sent[-1] > sent[0] else None)
+        head["schedule_lag_ms"] = distribution((o.sent_ns - o.scheduled_ns) / 1e6 for o in outcomes
+                                               if o.sent_ns and o.scheduled_ns is not None)
+    for r in records:
+        r.update(scenario=sc["name"], request_rate=rate, probe=probe)
+    return head | {k: v for k, v in level.items() if k not in head}
+
+
+def _ticker(on_tick: Callable[[dict], None], label: str, concurrency: int | None, count: int | None,
+            duration: float | None, max_tokens: int, levels: int, index: int) -> Callable[[list[_Exchange]], None]:
     """Once a second, where the level stands: requests done (and failed) of how many, elapsed, an ETA,
     and tokens a second so far (completed requests x max_tokens: an estimate until the level ends)."""
     started = time.monotonic()
@@ -698,7 +1197,7 @@ def _ticker(on_tick: Callable[[dict], None], concurrency: int, count: int | None
         total = count if count is not None else None
         eta = (elapsed / done * (total - done) if total and done else
                (duration - elapsed if duration else None))
-        on_tick({"concurrency": concurrency, "level": index + 1, "levels": levels, "done": done,
+        on_tick({"concurrency": concurrency, "load": label, "level": index + 1, "levels": levels, "done": done,
                  "failed": failed, "of": total, "elapsed_s": round(elapsed, 1),
                  "eta_s": None if eta is None else round(max(0.0, eta), 1),
                  "tok_s_estimate": round((done - failed) * max_tokens / elapsed, 1) if elapsed else None})
@@ -724,7 +1223,7 @@ def format_level(level: dict) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     decode = level["decode"]
-    line = (f"concurrency {level['concurrency']}: {level['completed']}/{level['requests']} completed, "
+    line = (f"{_load_label(level)}: {level['completed']}/{level['requests']} completed, "
             f"{f(level['output_tok_s'])} tok/s, TTFT p50 {f(level['ttft_ms']['p50'])} ms, "
             f"ITL p50 {f(level['itl_ms']['p50'])} p99 {f(level['itl_ms']['p99'])} ms"
             + (f" (per token {f(level['itl_token_ms']['p50'])} p99 {f(level['itl_token_ms']['p99'])}, "
@@ -733,6 +1232,16 @@ def format_level(level: dict) -> str:
             f"decode {f(decode and decode['per_user_tok_s'])} tok/s/user")
     if level["usage_missing"]:
         line += f"\n  {level['usage_missing']} responses had no usage: tokens counted from chunks"
+    if level.get("goodput_req_s") is not None:
+        line += (f"\n  goodput {f(level['goodput_req_s'])} req/s ({level['slo_met_requests']} of "
+                 f"{level['requests']} within the SLO; the level {'meets' if level['slo_met'] else 'misses'} it)")
+    if level.get("schedule_lag_ms"):
+        lag = level["schedule_lag_ms"]
+        line += (f"\n  open loop: {f(level['achieved_rate_req_s'])} req/s achieved of {level['request_rate']:g}, "
+                 f"schedule lag p50 {f(lag['p50'])} p99 {f(lag['p99'])} ms")
+    if level.get("prompt_tokens_mismatches"):
+        line += (f"\n  {level['prompt_tokens_mismatches']} prompts were not {level['workload']['input_tokens']} tokens "
+                 f"as the server counted them ({level['prompt_source']}): {level['prompt_tokens_reported']}")
     for e in level["errors"][:3]:
         line += f"\n  {e['count']} failed: {e['error']}"
     return line
@@ -754,12 +1263,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:30000")
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--api", choices=sorted(APIS), default="completions")
-    p.add_argument("--concurrency", type=_positive_ints, default=[1], help="levels, e.g. 1,8,32 (default 1)")
+    p.add_argument("--concurrency", type=_positive_ints, help="levels, e.g. 1,8,32 (default 1)")
     p.add_argument("--requests", type=int,
                    help="measured requests per level (default max(2 x concurrency, 16))")
     p.add_argument("--duration", type=float, help="seconds per level instead of a request count")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before each level (default 1)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--max-tokens", type=int, help=f"output tokens a request (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--plan", type=json.loads, help="a JSON object: scenarios (a list, as the playbook's "
+                   "benchmark.scenarios), slo, search (max_load: scenario, slo, low, high, steps), random_state; "
+                   "instead of --concurrency, --max-tokens and the prompt options")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", help="a file holding the prompt (UTF-8), for prompts a command line "
@@ -787,9 +1299,11 @@ def failures(result: dict, max_share: float = 0.0) -> list[str]:
     """One line per level whose failed requests exceed `max_share`, with the commonest errors."""
     lines = []
     for level in result["levels"]:
+        if level.get("probe"):   # a probe of max_load that lost requests merely misses the SLO
+            continue
         if level["requests"] and level["failed"] / level["requests"] > max_share:
             why = "; ".join(f"{e['count']} x {e['error']}" for e in level["errors"][:3])
-            lines.append(f"concurrency {level['concurrency']}: {level['failed']} of {level['requests']} "
+            lines.append(f"{_load_label(level)}: {level['failed']} of {level['requests']} "
                          f"requests failed ({why})")
     return lines
 
@@ -803,6 +1317,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, UnicodeDecodeError) as e:
             print(f"bench.py: error: cannot read --prompt-file: {e}", file=sys.stderr)
             return 2
+    plan = args.plan or {}
+    if args.plan is not None:
+        given = [o for o, v in (("--concurrency", args.concurrency), ("--max-tokens", args.max_tokens),
+                                ("--prompt", args.prompt), ("--prompt-tokens", args.prompt_tokens)) if v is not None]
+        if not isinstance(plan, dict) or set(plan) - {"scenarios", "slo", "search", "random_state"}:
+            print("bench.py: error: --plan is a JSON object of scenarios, slo, search and random_state",
+                  file=sys.stderr)
+            return 2
+        if given and plan.get("scenarios"):
+            print(f"bench.py: error: --plan's scenarios replace {', '.join(given)}: give one or the other",
+                  file=sys.stderr)
+            return 2
     headers = {}
     if args.api_key_env:
         if not os.environ.get(args.api_key_env):
@@ -811,10 +1337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         headers["Authorization"] = f"Bearer {os.environ[args.api_key_env]}"
     try:
         result = run_benchmark(
-            args.url, args.model, concurrency=args.concurrency, requests=args.requests, warmup=args.warmup,
-            max_tokens=args.max_tokens, prompt=args.prompt, prompt_tokens=args.prompt_tokens, api=args.api,
+            args.url, args.model, concurrency=args.concurrency or [1], requests=args.requests, warmup=args.warmup,
+            max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS, prompt=args.prompt, prompt_tokens=args.prompt_tokens,
+            api=args.api,
             ignore_eos=args.ignore_eos, timeout=args.timeout, duration=args.duration, workers=args.workers,
-            extra_body=args.extra_body, headers=headers,
+            extra_body=args.extra_body, headers=headers, scenarios=plan.get("scenarios"), slo=plan.get("slo"),
+            search=plan.get("search"), random_state=plan.get("random_state", 0),
             progress=lambda level: print(format_level(level), file=sys.stderr, flush=True),
             on_tick=(lambda state: _write_atomic(Path(args.progress_file), json.dumps(state)))
             if args.progress_file else None)

@@ -45,9 +45,10 @@ METRICS = [("ttft_ms", "p50", "TTFT\np50 ms"), ("itl_ms", "p50", "ITL\np50 ms"),
            ("itl_ms", "p99", "ITL\np99 ms"), ("tpot_ms", "p50", "TPOT\np50 ms")]
 """The statistics csv and markdown show (the terminal table all but TPOT, to fit 80 columns); rows carry
 all of DISTRIBUTIONS x STATS."""
-FIELDS = (["config", "concurrency", "runs", "ok", "completed", "failed"] + [f"{m}_{q}" for m, q, _ in METRICS]
-          + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "theoretical_ms", "efficiency", "baseline",
-             "itl_vs_baseline", "tok_s_vs_baseline", "misses", "error"])
+FIELDS = (["config", "scenario", "concurrency", "request_rate", "probe", "runs", "ok", "completed", "failed"]
+          + [f"{m}_{q}" for m, q, _ in METRICS]
+          + ["itl_token_ms_p50", "tokens_per_chunk", "output_tok_s", "goodput_req_s", "theoretical_ms", "efficiency",
+             "baseline", "itl_vs_baseline", "tok_s_vs_baseline", "max_load", "misses", "error"])
 """The columns of csv and markdown, in order (json has every field of a row)."""
 
 
@@ -79,16 +80,23 @@ def collect(paths: list[Path], *, baseline: str | None = None, by: str = "config
     if not sweeps:
         raise InputError("no sweep results here (expected sweep.json or runs/*/manifest.json)",
                          file=", ".join(map(str, paths)))
-    groups: dict[tuple[str | None, str, int | None], list[Sample]] = {}
+    groups: dict[tuple[str | None, str, tuple | None], list[Sample]] = {}
     labels = _sweep_labels(sweeps)
     for sweep_dir in sweeps:
         label = labels[sweep_dir] if by == "sweep" else None
         for run in load_runs(sweep_dir):
             levels: list[BenchLevel | None] = [*run.levels] or [None]
             for level in levels:
-                key = (label, run.manifest.config.name, level.concurrency if level else None)
+                key = (label, run.manifest.config.name, _level_key(level))
                 groups.setdefault(key, []).append(Sample(run, level))
-    rows = [_row(name, conc, samples) | {"sweep": label} for (label, name, conc), samples in groups.items()]
+    rows = [_row(name, samples) | {"sweep": label} for (label, name, _), samples in groups.items()]
+    loads = {(label, name): max_load([s.run for s in samples]) for (label, name, _), samples in groups.items()}
+    for (label, name), found in list(loads.items()):
+        if found is None:   # repeats and levels of one configuration: its runs all together
+            loads[(label, name)] = max_load([s.run for (lb, n, _), ss in groups.items() if (lb, n) == (label, name)
+                                             for s in ss])
+    for row in rows:
+        row["max_load"] = loads.get((row["sweep"], row["config"]))
     _objectives(rows, sweeps)
     misses = check_references(rows, references_of(sweeps))
     for row in rows:
@@ -133,9 +141,9 @@ def _deltas_by_sweep(rows: list[dict], sweep: str | None) -> None:
     base = sweep or (sweeps[0] if sweeps else None)
     if base is not None and base not in sweeps:
         raise InputError(f"no sweep named {base!r} (have: {', '.join(sweeps)})", key="--baseline")
-    ref = {(r["config"], r["concurrency"]): r for r in rows if r["sweep"] == base}
+    ref = {(r["config"], level_of(r)): r for r in rows if r["sweep"] == base}
     for row in rows:
-        other = ref.get((row["config"], row["concurrency"])) or {}
+        other = ref.get((row["config"], level_of(row))) or {}
         row["itl_vs_baseline"] = _change(row.get("itl_ms_p50"), other.get("itl_ms_p50"))
         row["tok_s_vs_baseline"] = _change(row.get("output_tok_s"), other.get("output_tok_s"))
         _verdicts(row, other)
@@ -143,15 +151,61 @@ def _deltas_by_sweep(rows: list[dict], sweep: str | None) -> None:
         row["configuration"] = row["config"]
         row["config"] = f"{row['config']} @ {row['sweep']}"
     for row in rows:
-        paired = ref.get((row["configuration"], row["concurrency"]))
+        paired = ref.get((row["configuration"], level_of(row)))
         row["baseline"] = paired["config"] if paired else None
 
 
-def _row(config: str, concurrency: int | None, runs: list[Sample]) -> dict:
+def _level_key(level: BenchLevel | None) -> tuple | None:
+    return level.key + (level.probe,) if level is not None else None
+
+
+def level_of(row: dict) -> tuple:
+    """What pairs a row with the baseline's: its scenario and load (a probe of max_load pairs with none
+    but another probe)."""
+    return (row.get("scenario"), row.get("request_rate"), row["concurrency"], bool(row.get("probe")))
+
+
+def load_label(row: dict) -> str:
+    """A row's load in a few characters: `8` (concurrency), `2.5/s` (request rate), after its scenario,
+    with `*` for a probe of max_load."""
+    rate = row.get("request_rate")
+    load = f"{rate:g}/s" if rate is not None else str(row["concurrency"] or "-")
+    return (f"{row['scenario']} " if row.get("scenario") else "") + load + ("*" if row.get("probe") else "")
+
+
+def max_load(runs: Sequence[RunResult]) -> dict | None:
+    """search.max_load's answer for one configuration, over its runs: the median of the loads found
+    (runs where even the lowest load missed count in `runs`, not in the median), how many runs met
+    the SLO at all, the probes a run used (the most), the scenario, kind and SLO."""
+    found = [r.bench.max_load for r in runs if r.manifest.ok and r.bench is not None and r.bench.max_load]
+    if not found:
+        return None
+    values = [m.value for m in found if m.met and m.value is not None]
+    first = found[0]
+    return {"scenario": first.scenario, "kind": first.kind, "value": _median(values), "met": bool(values),
+            "runs": len(found), "runs_met": len(values), "probes": max(len(m.probes) for m in found),
+            "slo": first.slo, "low": first.low, "high": first.high}
+
+
+def max_load_text(m: dict) -> str:
+    if not m["met"]:
+        return f"none met the SLO (even {m['low']:g})"
+    value = f"{_fmt(m['value'])} req/s" if m["kind"] == "request_rate" else f"{m['value']:g} streams"
+    some = f", {m['runs_met']} of {m['runs']} runs" if m["runs_met"] != m["runs"] else ""
+    return f"{value} ({m['probes']} probes{some})"
+
+
+def _row(config: str, runs: list[Sample]) -> dict:
     ok = [s for s in runs if s.manifest.ok and s.level]
     levels = [s.level for s in ok if s.level]
+    first_level = next((s.level for s in runs if s.level), None)
+    concurrency = first_level.concurrency if first_level else None
     row: dict = {"config": config, "concurrency": concurrency, "runs": len(runs), "ok": len(ok),
-                 "hosts": sorted({s.manifest.host.name for s in runs if s.manifest.host.name})}
+                 "hosts": sorted({s.manifest.host.name for s in runs if s.manifest.host.name}),
+                 "scenario": first_level.scenario if first_level else None,
+                 "request_rate": first_level.request_rate if first_level else None,
+                 "probe": bool(first_level and first_level.probe),
+                 "workload": first_level.workload.model_dump() if first_level and first_level.workload else None}
     failed = [s.manifest for s in runs if not s.manifest.ok]
     err = failed[0].error if failed else None
     row["error"] = err.line() if err else None
@@ -160,8 +214,12 @@ def _row(config: str, concurrency: int | None, runs: list[Sample]) -> dict:
     for metric in DISTRIBUTIONS:
         for q in STATS:
             row[f"{metric}_{q}"] = _median([lv.stat(metric, q) for lv in levels])
-    for metric in ("output_tok_s", "requests_per_s", "tokens_per_chunk"):
+    for metric in ("output_tok_s", "requests_per_s", "tokens_per_chunk", "goodput_req_s", "achieved_rate_req_s"):
         row[metric] = _median([getattr(lv, metric) for lv in levels])
+    row["slo"] = next((lv.slo for lv in levels if lv.slo), None)
+    row["slo_met"] = None if row["slo"] is None else all(lv.slo_met for lv in levels if lv.slo is not None)
+    row["schedule_lag_ms_p99"] = _median([lv.stat("schedule_lag_ms", "p99") for lv in levels])
+    row["prompt_tokens_mismatches"] = sum(lv.prompt_tokens_mismatches for lv in levels)
     first = (ok or runs)[0]
     roof = roofline_for(first.manifest, first.level, first.run.bench.prompt_tokens if first.run.bench else None)
     row["theoretical_ms"] = roof and roof["theoretical_ms"]
@@ -169,7 +227,7 @@ def _row(config: str, concurrency: int | None, runs: list[Sample]) -> dict:
     row["efficiency"] = roof["theoretical_ms"] / row["itl_ms_p50"] if roof and row["itl_ms_p50"] else None
     row["roofline"] = roof and {k: roof[k] for k in ("gpu", "bandwidth_gbs", "bandwidth_source", "gpus",
                                                      "context_tokens", "weight_bytes", "kv_bytes")}
-    row["itl_ms_p50_ci"], row["output_tok_s_ci"] = _intervals(ok, concurrency)
+    row["itl_ms_p50_ci"], row["output_tok_s_ci"] = _intervals(ok)
     row["launch"] = next((s.run.launch_command for s in ok if s.run.launch_command), None)
     row["analysis"] = _analysis(ok or runs)
     row["time_scale"] = _time_scale(ok or runs)
@@ -202,15 +260,17 @@ def time_note(rows: list[dict]) -> str | None:
             "modelled GPUs' (unscaled)")
 
 
-def _intervals(ok: Sequence[Sample], concurrency: int | None) -> tuple[tuple[float, float] | None, ...]:
+def _intervals(ok: Sequence[Sample]) -> tuple[tuple[float, float] | None, ...]:
     """95% intervals of the median ITL p50 and tok/s: over the repeats, or for one run, over its
     requests (ITL only: tok/s is one figure a level)."""
     itl = [v for s in ok if s.level and (v := s.level.stat("itl_ms", "p50")) is not None]
     tok = [v for s in ok if s.level and (v := s.level.output_tok_s) is not None]
     if len(ok) >= 2:
         return noise.bootstrap_ci(itl), noise.bootstrap_ci(tok)
-    if len(ok) == 1:
-        gaps = [r["itl_ms"] for r in ok[0].run.requests if r.get("concurrency") == concurrency
+    if len(ok) == 1 and (level := ok[0].level) is not None:
+        gaps = [r["itl_ms"] for r in ok[0].run.requests if r.get("concurrency") == level.concurrency
+                and r.get("scenario") == level.scenario and r.get("request_rate") == level.request_rate
+                and bool(r.get("probe")) == level.probe
                 and not r.get("error") and isinstance(r.get("itl_ms"), list)
                 and all(isinstance(x, (int, float)) for x in r["itl_ms"])]
         return noise.grouped_ci(gaps), None
@@ -229,7 +289,7 @@ def _verdicts(row: dict, ref: dict) -> None:
 def winner(rows: list[dict]) -> dict | None:
     """The configuration of most tok/s at the highest level measured, whether the intervals show it
     ahead of the next one, and its launch command."""
-    ok = [r for r in rows if r["ok"] and r.get("output_tok_s")]
+    ok = [r for r in rows if r["ok"] and r.get("output_tok_s") and not r.get("probe")]
     if not ok:
         return None
     top = max(r["concurrency"] or 0 for r in ok)
@@ -270,9 +330,9 @@ def _median(values: list) -> float | None:
 
 def _deltas(rows: list[dict], name: str | None) -> None:
     """ITL p50 and tok/s of each row against the baseline configuration's row at the same level."""
-    base = {r["concurrency"]: r for r in _baseline(rows, name)}
+    base = {level_of(r): r for r in _baseline(rows, name)}
     for row in rows:
-        ref = base.get(row["concurrency"]) or {}
+        ref = base.get(level_of(row)) or {}
         row["baseline"] = ref.get("config")
         row["itl_vs_baseline"] = _change(row.get("itl_ms_p50"), ref.get("itl_ms_p50"))
         row["tok_s_vs_baseline"] = _change(row.get("output_tok_s"), ref.get("output_tok_s"))
@@ -315,7 +375,9 @@ def table(rows: list[dict], *, title: str = "configurations"):
     t = Table(title=f"{title} ({', '.join(notes)})", header_style="bold",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("config", overflow="fold")   # a long name wraps; the numbers are never cut
-    t.add_column("conc", justify="right", no_wrap=True)
+    scenarios = any(r.get("scenario") for r in rows)
+    t.add_column("load" if scenarios else "conc", justify="right", overflow="fold" if scenarios else "ellipsis",
+                 no_wrap=not scenarios)
     t.add_column("req\ndone", justify="right", no_wrap=True)
     for _, _, label in METRICS[:3]:
         t.add_column(label.removesuffix(" ms"), justify="right", no_wrap=True)
@@ -323,6 +385,9 @@ def table(rows: list[dict], *, title: str = "configurations"):
     if per_token:  # chunks carried several tokens: per chunk and per token differ (docs/engines.md)
         t.add_column("ITL/tok\np50", justify="right", no_wrap=True)
     t.add_column("tok/s", justify="right", no_wrap=True)
+    goodput = any(r.get("goodput_req_s") is not None for r in rows)
+    if goodput:
+        t.add_column("good\nreq/s", justify="right", no_wrap=True)
     if roofline:
         t.add_column("roof-\nline", justify="right", no_wrap=True)
         t.add_column("eff", justify="right", no_wrap=True)
@@ -332,11 +397,13 @@ def table(rows: list[dict], *, title: str = "configurations"):
     for row in rows:
         requests = (row.get("completed") or 0) + (row.get("failed") or 0)
         done = Text(f"{row.get('completed') or 0}/{requests}", style="red" if row.get("failed") else "")
-        cells = [row["config"], str(row["concurrency"] or "-"), done if requests else "-"]
+        cells = [row["config"], load_label(row), done if requests else "-"]
         cells += [_fmt(row.get(f"{m}_{q}")) for m, q, _ in METRICS[:3]]
         if per_token:
             cells.append(_fmt(row.get("itl_token_ms_p50")))
         cells.append(_fmt(row.get("output_tok_s")))
+        if goodput:
+            cells.append(Text(_fmt(row.get("goodput_req_s")), style="red" if row.get("slo_met") is False else ""))
         if roofline:
             cells += [_fmt(row.get("theoretical_ms")), format_efficiency(row.get("efficiency"))]
         if base:
@@ -344,6 +411,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
                       _judged(row.get("tok_s_vs_baseline"), row.get("tok_s_verdict"))]
         t.add_row(*cells, style="red" if (row.get("error") and not row["ok"]) or row.get("misses") else None)
     parts: list[RenderableType] = [t]
+    if notes_load := load_notes(rows):
+        parts.append(Text(notes_load))
     if note := time_note(rows):
         parts.append(Text(f"note: {note}.", style="yellow"))
     problems = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
@@ -357,6 +426,22 @@ def table(rows: list[dict], *, title: str = "configurations"):
     best = winner(rows)   # its launch command follows the table, whole (`launch_line`): it is there to be copied
     ending = [Text(""), Text(winner_text(best).partition("\n")[0], style="bold")] if best else []
     return Group(*parts, *([kernels] if kernels else []), *ending)
+
+
+def load_notes(rows: list[dict]) -> str:
+    """What the load column and goodput mean, and each configuration's max load, for under a table."""
+    lines = []
+    if any(r.get("probe") for r in rows):
+        lines.append("* a probe of search.max_load")
+    slo = next((r["slo"] for r in rows if r.get("slo") and not r.get("probe")), None)
+    if slo:
+        bounds = ", ".join(f"{k} {v:g}" for k, v in slo.items())
+        lines.append(f"good req/s: completed requests within every bound ({bounds}) a second; red: the level misses it")
+    loads = {r["config"]: r["max_load"] for r in rows if r.get("max_load")}
+    for config, m in loads.items():
+        bounds = ", ".join(f"{k} {v:g}" for k, v in m["slo"].items())
+        lines.append(f"max load {config} ({m['scenario']}, {bounds}): {max_load_text(m)}")
+    return "\n".join(lines)
 
 
 class _Widest:
@@ -467,8 +552,9 @@ def _judged(change: float | None, verdict: str | None) -> str:
 
 
 def _flat(row: dict) -> dict:
-    """A row for csv and markdown: misses as one text, the rest as it is."""
-    return row | {"misses": "; ".join(m["message"] for m in row.get("misses") or [])}
+    """A row for csv and markdown: misses and the max load as one text each, the rest as it is."""
+    return row | {"misses": "; ".join(m["message"] for m in row.get("misses") or []),
+                  "max_load": max_load_text(row["max_load"]) if row.get("max_load") else ""}
 
 
 def as_json(rows: list[dict]) -> str:
@@ -486,16 +572,20 @@ def as_csv(rows: list[dict]) -> str:
 def as_markdown(rows: list[dict]) -> str:
     base = next((r["baseline"] for r in rows if r.get("baseline")), None)
     roofline = any(r.get("theoretical_ms") for r in rows)
-    head = (["config", "conc"] + [label.replace("\n", " ") for *_, label in METRICS] + ["tok/s"]
+    goodput = any(r.get("goodput_req_s") is not None for r in rows)
+    head = (["config", "load"] + [label.replace("\n", " ") for *_, label in METRICS] + ["tok/s"]
+            + ["goodput req/s"] * goodput
             + ["roofline ms", "efficiency"] * roofline
             + [f"ITL vs {base}", f"tok/s vs {base}", "misses", "error"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in map(_flat, rows):
-        cells = ([r["config"], str(r["concurrency"] or "-")] + [_fmt(r.get(f"{m}_{q}")) for m, q, _ in METRICS]
-                 + [_fmt(r.get("output_tok_s"))]
+        cells = ([r["config"], load_label(r)] + [_fmt(r.get(f"{m}_{q}")) for m, q, _ in METRICS]
+                 + [_fmt(r.get("output_tok_s"))] + [_fmt(r.get("goodput_req_s"))] * goodput
                  + [_fmt(r.get("theoretical_ms")), format_efficiency(r.get("efficiency"))] * roofline
                  + [_pct(r.get("itl_vs_baseline")), _pct(r.get("tok_s_vs_baseline")), r["misses"] or "",
                     r.get("error") or ""])
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     note = time_note(rows)
-    return "\n".join(lines) + "\n" + (f"\nNote: {note}.\n" if note else "")
+    loads = load_notes(rows)
+    return ("\n".join(lines) + "\n" + ("\n" + "\n\n".join(loads.splitlines()) + "\n" if loads else "")
+            + (f"\nNote: {note}.\n" if note else ""))

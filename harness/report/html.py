@@ -20,7 +20,7 @@ from harness.analysis.roofline import format_efficiency
 from harness.errors import tail
 from harness.report import plots, search_view
 from harness.report.analysis_view import short_name
-from harness.report.compare import collect, time_note, winner, winner_text
+from harness.report.compare import collect, load_label, load_notes, max_load_text, time_note, winner, winner_text
 from harness.results import RunResult, atomic_write, find_sweeps, load_runs
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -36,7 +36,7 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
     colors = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(configs)}
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=_num, pct=_pct, eff=format_efficiency)
+    env.filters.update(num=_num, pct=_pct, eff=format_efficiency, load=load_label, max_load=max_load_text)
     return env.get_template("report.html.j2").render(
         title=", ".join(s.name for s in sweeps),
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -48,7 +48,11 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
                 "misses": sum(len(r["misses"]) for r in rows)},
         charts=_charts(rows, runs, colors), kernels=_kernels(rows), failures=_failures(runs), hosts=_hosts(runs, rows),
         roofline=_roofline_facts(runs, rows), has_roofline=any(r.get("theoretical_ms") for r in rows),
-        time_note=time_note(rows), searches=_searches(paths))
+        time_note=time_note(rows),
+        load_notes="\n".join(line for line in load_notes(rows).splitlines() if not line.startswith("max load")),
+        has_goodput=any(r.get("goodput_req_s") is not None for r in rows),
+        max_loads={r["config"]: r["max_load"] for r in rows if r.get("max_load")},
+        searches=_searches(paths))
 
 
 def _searches(paths: list[Path]) -> list[dict]:
@@ -72,6 +76,10 @@ def write_report(paths: list[Path], output: Path, *, baseline: str | None = None
 
 def _charts(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) -> dict[str, Markup]:
     charts = {}
+    # against concurrency: the closed-loop levels of one workload (the first scenario's, or the only one)
+    closed = [r for r in rows if r["concurrency"] and not r.get("probe")]
+    first = closed[0].get("scenario") if closed else None
+    rows = [r for r in closed if r.get("scenario") == first]
     series: dict[str, list] = {}
     for r in rows:
         if r["concurrency"] and r.get("output_tok_s"):
@@ -126,7 +134,7 @@ def _kernels(rows: list[dict]) -> list[dict]:
 def _distributions(runs: list[RunResult], metric: str, order: list[str]) -> list[tuple[str, list[tuple[str, dict]]]]:
     """Per concurrency level, per configuration: quantiles of every sample in requests.jsonl (ITL gaps
     pooled over requests and repeats; one TTFT a request)."""
-    samples: dict[int, dict[str, list[float]]] = {}
+    samples: dict[str, dict[str, list[float]]] = {}
     for run in runs:
         path = run.layout.requests
         if not run.manifest.ok or not path.exists():
@@ -139,12 +147,14 @@ def _distributions(runs: list[RunResult], metric: str, order: list[str]) -> list
             value = req.get(metric)
             if req.get("error") or value is None:
                 continue
-            bucket = samples.setdefault(req["concurrency"], {}).setdefault(run.manifest.config.name, [])
+            if req.get("probe"):
+                continue
+            where = load_label(req) if req.get("scenario") else f"concurrency {req.get('concurrency')}"
+            bucket = samples.setdefault(where, {}).setdefault(run.manifest.config.name, [])
             bucket.extend(value if isinstance(value, list) else [value])
     groups = []
-    for conc in sorted(samples):
-        by_config = samples[conc]
-        groups.append((f"concurrency {conc}", [(c, _quantiles(by_config[c])) for c in order
+    for where, by_config in samples.items():
+        groups.append((where, [(c, _quantiles(by_config[c])) for c in order
                                                if len(by_config.get(c, [])) > 0]))
     return [g for g in groups if g[1]]
 

@@ -149,7 +149,8 @@ def describe_tick(state: dict) -> str:
     eta = f", ~{state['eta_s']:.0f} s left" if state.get("eta_s") is not None else ""
     failed = f", {state['failed']} failed" if state.get("failed") else ""
     rate = f", ~{state['tok_s_estimate']:,.0f} tok/s" if state.get("tok_s_estimate") else ""
-    return (f"bench level {state['level']}/{state['levels']} (concurrency {state['concurrency']}): "
+    load = state.get("load") or f"concurrency {state['concurrency']}"   # a scenario's: its name and load
+    return (f"bench level {state['level']}/{state['levels']} ({load}): "
             f"{state['done']}{of} requests{failed}{rate}{eta}")
 
 

@@ -218,8 +218,18 @@ DISTRIBUTIONS = ("ttft_ms", "itl_ms", "itl_token_ms", "tpot_ms", "e2e_ms")
 """The latency distributions of a level (bench.json), each with Distribution's statistics."""
 
 
+class Workload(Record):
+    """What a scenario's level asked: prompts of `input_tokens`, `output_tokens` out (the level's own
+    `output_tokens` is what its completed requests produced, summed), at `load` of `kind`."""
+    scenario: str
+    input_tokens: int
+    output_tokens: int
+    kind: Literal["concurrency", "request_rate"]
+    load: float
+
+
 class BenchLevel(Record):
-    concurrency: int
+    concurrency: int | None = None               # closed loop's streams; None in an open loop (request_rate)
     requests: int | None = None
     completed: int = 0
     failed: int = 0
@@ -235,11 +245,53 @@ class BenchLevel(Record):
     e2e_ms: Distribution | None = None
     tokens_per_chunk: float | None = None
     decode: dict[str, Any] | None = None
+    # a scenario's level (benchmark.scenarios): its workload, load and, with an SLO, its goodput
+    scenario: str | None = None
+    workload: Workload | None = None
+    request_rate: float | None = None
+    arrival: str | None = None
+    burstiness: float | None = None
+    random_state: int | None = None
+    probe: bool = False                          # a probe of search.max_load
+    prompt_source: str | None = None             # tokenize | usage-calibrated | words
+    prompt_tokens_reported: dict[str, int] = Field(default_factory=dict)
+    prompt_tokens_mismatches: int = 0
+    latency_origin: Literal["sent", "scheduled"] | None = None
+    achieved_rate_req_s: float | None = None
+    schedule_lag_ms: Distribution | None = None
+    slo: dict[str, float] | None = None
+    slo_met_requests: int | None = None
+    slo_met: bool | None = None
+    goodput_req_s: float | None = None
+
+    @property
+    def load(self) -> float | None:
+        """The level's load: its request rate in an open loop, else its concurrency."""
+        return self.request_rate if self.request_rate is not None else self.concurrency
+
+    @property
+    def key(self) -> tuple[str | None, str, float | None]:
+        """What tells a level apart from the others of a run: scenario, load kind, load."""
+        return (self.scenario, "request_rate" if self.request_rate is not None else "concurrency", self.load)
 
     def stat(self, metric: str, q: str) -> float | None:
         """`stat("itl_ms", "p50")`: one statistic of one distribution, None when not measured."""
         dist = getattr(self, metric)
         return getattr(dist, q) if dist is not None else None
+
+
+class MaxLoadResult(Record):
+    """search.max_load's answer for one run: the highest load of `scenario` that met `slo`, and each probe
+    ({load, met, level: its index in levels}); value None and met False when even `low` missed."""
+    scenario: str
+    kind: Literal["concurrency", "request_rate"]
+    value: float | None = None
+    met: bool = False
+    low: float | None = None
+    high: float | None = None
+    steps: int | None = None
+    slo: dict[str, float] = Field(default_factory=dict)
+    probes: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class BenchFile(Versioned):
@@ -248,7 +300,10 @@ class BenchFile(Versioned):
     model: str | None = None
     max_tokens: int | None = None
     prompt_tokens: int | None = None
+    slo: dict[str, float] | None = None
+    random_state: int | None = None
     levels: list[BenchLevel] = Field(default_factory=list)
+    max_load: MaxLoadResult | None = None
 
 
 # --- analysis.json -----------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ M = TypeVar("M", bound=BaseModel)
 
 SUMMARY_FIELDS = ["run_id", "config", "host", "status", "error_kind", "concurrency", "completed", "failed",
                   "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_token_p50_ms", "tpot_p50_ms",
-                  "e2e_p50_ms", "output_tok_s", "requests_per_s"]
+                  "e2e_p50_ms", "output_tok_s", "requests_per_s", "scenario", "request_rate", "probe",
+                  "goodput_req_s"]
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
@@ -177,7 +178,8 @@ def summary_rows(run: RunResult) -> list[dict[str, Any]]:
         "itl_p50_ms": lv.stat("itl_ms", "p50"), "itl_p99_ms": lv.stat("itl_ms", "p99"),
         "itl_token_p50_ms": lv.stat("itl_token_ms", "p50"), "tpot_p50_ms": lv.stat("tpot_ms", "p50"),
         "e2e_p50_ms": lv.stat("e2e_ms", "p50"), "output_tok_s": lv.output_tok_s,
-        "requests_per_s": lv.requests_per_s} for lv in run.levels]
+        "requests_per_s": lv.requests_per_s, "scenario": lv.scenario, "request_rate": lv.request_rate,
+        "probe": lv.probe, "goodput_req_s": lv.goodput_req_s} for lv in run.levels]
 
 
 def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -50,6 +50,32 @@ def count_tokens(text: str) -> int:
     return len(_WORDS.findall(text))
 
 
+CHAT_TEMPLATE_TOKENS = 4
+"""What the stand-in chat template adds around each message (its usage counts them too)."""
+
+
+def token_ids(text: str) -> list[int]:
+    """The stand-in tokenizer's ids: one a word or punctuation mark, as count_tokens counts them."""
+    return [zlib.crc32(w.encode()) % 32000 + 100 for w in _WORDS.findall(text)]
+
+
+def tokenize(body: dict[str, Any]) -> list[int]:
+    """The ids of a /tokenize body's `prompt` (a string) or `messages` (the chat template's few ids a
+    message, then its content), exactly what a generation with that prompt reports as prompt_tokens;
+    raises ValueError on a body that has neither."""
+    messages, prompt = body.get("messages"), body.get("prompt")
+    if isinstance(messages, list) and messages:
+        ids: list[int] = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            ids += list(range(1, CHAT_TEMPLATE_TOKENS + 1))
+            ids += token_ids(content if isinstance(content, str) else json.dumps(content))
+        return ids
+    if isinstance(prompt, str):
+        return token_ids(prompt)
+    raise ValueError("'prompt' must be a string, or 'messages' a non-empty list")
+
+
 class EmitLog:
     """Token emission times, buffered in memory so that logging does not disturb the timing."""
 
@@ -163,7 +189,7 @@ def new_generation(engine: str, model: str, chat: bool, body: dict[str, Any],
         prompt = 0
         for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
-            prompt += 4 + count_tokens(content if isinstance(content, str) else json.dumps(content))
+            prompt += CHAT_TEMPLATE_TOKENS + count_tokens(content if isinstance(content, str) else json.dumps(content))
         default_max = 4096
     else:
         p = body.get("prompt")

@@ -22,7 +22,7 @@ from argparse import Namespace
 from typing import Any, Union
 
 from harness.sim import flags, http
-from harness.sim.engine import EmitLog, Scheduler, new_generation
+from harness.sim.engine import EmitLog, Scheduler, new_generation, tokenize
 from harness.sim.knobs import Knobs
 from harness.sim.model import LatencyModel
 from harness.sim.profiler import Reply, SglangProfiler, VllmProfiler, sglang_rank_names, vllm_worker_names
@@ -254,6 +254,10 @@ class SimServer:
             writer.write(http.json_response(status, answer, keep) if isinstance(answer, dict)
                          else http.text_response(status, answer, keep))
             return status, keep
+        if req.path == "/tokenize" or (sglang and req.path == "/v1/tokenize"):
+            if req.method != "POST":
+                return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
+            return self._send(writer, *self._tokenize(req), keep)
         if req.method not in ("GET", "POST"):
             return self._send(writer, 405, {"detail": "Method Not Allowed"}, keep)
         health = ("/health", "/health_generate") if sglang else ("/health", "/ping")
@@ -320,6 +324,26 @@ class SimServer:
         if not g.stream:
             writer.write(http.response(200, g.body(), keep_alive=keep))
         return 200, keep and g.finish_reason != "abort"
+
+    def _tokenize(self, req: http.Request) -> tuple[int, dict[str, Any]]:
+        """The engines' tokenizer endpoint, in each one's answer (field order included): vLLM 0.32
+        (entrypoints/serve/tokenize: POST /tokenize, TokenizeResponse {count, max_model_len, tokens,
+        token_strs}, an unknown model answered 404), SGLang 0.5.23 (entrypoints/http_server.py: POST
+        /tokenize and /v1/tokenize, TokenizeResponse {tokens, count, max_model_len}, any model name)."""
+        try:
+            body = req.json()
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            model = body.get("model")
+            if self.engine == "vllm" and model is not None and model not in self.names:
+                return 404, {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError",
+                                       "param": "model", "code": 404}}
+            ids = tokenize(body)
+        except (ValueError, AttributeError, TypeError) as e:
+            return 400, {"object": "error", "message": str(e), "type": "BadRequestError", "param": None, "code": 400}
+        if self.engine == "sglang":
+            return 200, {"tokens": ids, "count": len(ids), "max_model_len": self._context_length()}
+        return 200, {"count": len(ids), "max_model_len": self._context_length(), "tokens": ids, "token_strs": None}
 
     def _models(self) -> dict[str, Any]:
         owner = "sglang" if self.engine == "sglang" else "vllm"

@@ -476,3 +476,37 @@ def test_profile_500_refuses_both_endpoints_and_writes_nothing(sim, tmp_path):
     complete(s)
     assert s.request("POST", "/stop_profile")[0] == 500
     assert trace_files(tmp_path / "p") == []
+
+
+# ---- the tokenizer endpoint ----------------------------------------------------------------
+
+@pytest.mark.parametrize("engine, paths, keys", [
+    # vLLM 0.32 entrypoints/serve/tokenize: POST /tokenize, TokenizeResponse's field order
+    ("vllm", ["/tokenize"], ["count", "max_model_len", "tokens", "token_strs"]),
+    # SGLang 0.5.23 entrypoints/http_server.py: /tokenize and /v1/tokenize, protocol.py TokenizeResponse
+    ("sglang", ["/tokenize", "/v1/tokenize"], ["tokens", "count", "max_model_len"]),
+])
+def test_tokenize_answers_as_the_engine_does_and_counts_what_usage_reports(sim, engine, paths, keys):
+    s = sim(engine)
+    prompt = "The quick brown fox, it jumps over the lazy dog."
+    for path in paths:
+        status, raw = s.request("POST", path, {"model": MODEL, "prompt": prompt})
+        assert status == 200, raw
+        answer = json.loads(raw)
+        assert list(answer) == keys
+        assert answer["count"] == len(answer["tokens"]) == 12 and answer["max_model_len"] == 202752
+    usage = complete(s, prompt=prompt)[-2]["usage"]
+    assert usage["prompt_tokens"] == 12
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+    status, raw = s.request("POST", "/tokenize", chat)
+    body = {**chat, "max_tokens": 2, "stream": False}
+    assert json.loads(raw)["count"] == json.loads(s.request("POST", "/v1/chat/completions", body)[1])["usage"][
+        "prompt_tokens"]
+    assert s.request("GET", "/tokenize")[0] == 405
+    assert s.request("POST", "/tokenize", {"model": MODEL})[0] == 400
+
+
+def test_vllm_tokenize_refuses_an_unknown_model_and_sglang_takes_any(sim):
+    status, raw = sim("vllm").request("POST", "/tokenize", {"model": "other", "prompt": "hi"})
+    assert status == 404 and json.loads(raw)["error"]["code"] == 404
+    assert sim("sglang").request("POST", "/tokenize", {"model": "other", "prompt": "hi"})[0] == 200
