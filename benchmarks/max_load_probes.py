@@ -4,7 +4,7 @@ find the same highest load, on the simulator.
 The simulated vLLM (`python -m harness.sim vllm`, `--max-num-seqs` small so requests beyond it queue
 and their TTFT grows with the load) serves one closed-loop scenario. For each SLO: an exhaustive scan
 runs every concurrency from `--low` to `--high` and takes the highest level that met the SLO (bench.json
-`slo_met`); the search (harness/remote/bench.py bisect_max_load, as a sweep runs it) probes the same
+`slo_met`); the search (harness/remote/maxload.py bisect_max_load, as a sweep runs it) probes the same
 range in one run. Printed per SLO: both answers, whether they agree, the levels each ran, and whether
 the scan's verdicts were monotone (bisection assumes they are: where they are not, the two can
 legitimately differ). Not a test: run it by hand; the load average is printed.

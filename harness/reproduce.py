@@ -4,7 +4,10 @@ A run directory carries its resolved one-configuration playbook and every launch
 rendered from (manifest.json `playbook` and `template.files`). Reproducing writes those beside the new
 results (`RESULTS/.reproduce/<run_id>-<time>/`), runs them as a new sweep on the chosen host, and puts
 the two runs side by side: host facts that differ, and every metric with its delta and whether that
-delta is beyond the run-to-run noise (the spread of the original's repeats when it had some).
+delta is beyond the run-to-run noise (the spread of the original's repeats when it had some). A level
+pairs with the one of the same key in the other run (`level_key`: scenario, load kind, load, and whether
+it is a probe of max_load), never by concurrency alone: open-loop levels have none, and two scenarios
+may share one.
 """
 
 from __future__ import annotations
@@ -93,10 +96,32 @@ def _secret(name: str, value: str, run_dir: Path) -> str:
     return os.environ[name]
 
 
+LevelKey = tuple[str | None, str, float | None, bool]
+"""A level's scenario, load kind ("concurrency" or "request_rate"), load, and whether it probed max_load."""
+
+
+def level_key(level: BenchLevel) -> LevelKey:
+    """What pairs a level with its counterpart in another run: `BenchLevel.key` (scenario, load kind,
+    load) and whether it is a probe of max_load, which pairs only with another probe (as compare pairs
+    rows), since a probe and a scenario's own level may share a load."""
+    return (*level.key, level.probe)
+
+
+def _record_key(record: dict) -> LevelKey | None:
+    """The key of the level a line of requests.jsonl belongs to (it carries its level's scenario, load
+    and probe), None when it names no load."""
+    rate, conc = record.get("request_rate"), record.get("concurrency")
+    kind, load = ("request_rate", rate) if rate is not None else ("concurrency", conc)
+    if not isinstance(load, (int, float)) or isinstance(load, bool):
+        return None
+    scenario = record.get("scenario")
+    return (scenario if isinstance(scenario, str) else None, kind, load, bool(record.get("probe")))
+
+
 @dataclass
 class Row:
     label: str
-    concurrency: int | None
+    level: LevelKey
     before: float | None
     after: float | None
     noise: float            # relative band
@@ -127,28 +152,29 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
         if a != b:
             facts.append({"fact": f"host.{key}", "before": a, "after": b})
     rows = []
-    new_levels = {lv.concurrency: lv for lv in new.levels}
+    new_levels = {level_key(lv): lv for lv in new.levels}
     repeats = _repeat_levels(original)
     requests = _requests(original.layout)
     for old in original.levels:
-        conc = old.concurrency
+        which = level_key(old)
         for metric, q, label in METRICS:
-            samples = [s for s in (_value(lv, metric, q) for lv in repeats.get(conc, [])) if s]
+            samples = [s for s in (_value(lv, metric, q) for lv in repeats.get(which, [])) if s]
             if len(samples) >= 2:
                 noise = (max(samples) - min(samples)) / statistics.median(samples)
                 source = f"spread of {len(samples)} repeats"
-            elif (split := _split_half(requests.get(conc, []), metric, q)) is not None:
+            elif (split := _split_half(requests.get(which, []), metric, q)) is not None:
                 noise, source = split, "half-split of the original's requests"
             else:
                 noise, source = DEFAULT_NOISE, "assumed"
-            rows.append(Row(label, conc, _value(old, metric, q), _value(new_levels.get(conc), metric, q),
+            rows.append(Row(label, which, _value(old, metric, q), _value(new_levels.get(which), metric, q),
                             max(noise, MIN_NOISE), source))
     kernels = {"before": _top(original), "after": _top(new)}
     return {"facts": facts, "rows": rows, "kernels": kernels, "status": (before.status, after.status)}
 
 
-def _requests(layout: RunLayout) -> dict[int | None, list[dict]]:
-    out: dict[int | None, list[dict]] = {}
+def _requests(layout: RunLayout) -> dict[LevelKey, list[dict]]:
+    """The original's completed requests (requests.jsonl), by the key of their level."""
+    out: dict[LevelKey, list[dict]] = {}
     try:
         lines = layout.requests.read_text().splitlines()
     except OSError:
@@ -158,8 +184,8 @@ def _requests(layout: RunLayout) -> dict[int | None, list[dict]]:
             r = json.loads(line)
         except ValueError:
             continue
-        if isinstance(r, dict) and not r.get("error") and isinstance(r.get("concurrency"), int):
-            out.setdefault(r["concurrency"], []).append(r)
+        if isinstance(r, dict) and not r.get("error") and (key := _record_key(r)) is not None:
+            out.setdefault(key, []).append(r)
     return out
 
 
@@ -182,9 +208,9 @@ def _split_half(requests: list[dict], metric: str, q: str | None) -> float | Non
     return abs(a - b) / whole
 
 
-def _repeat_levels(run: RunResult) -> dict[int | None, list[BenchLevel]]:
-    """The same configuration's repeats in the original sweep (this run included)."""
-    out: dict[int | None, list[BenchLevel]] = {}
+def _repeat_levels(run: RunResult) -> dict[LevelKey, list[BenchLevel]]:
+    """The same configuration's repeats in the original sweep (this run included), by level key."""
+    out: dict[LevelKey, list[BenchLevel]] = {}
     for layout in (RunLayout(p.parent) for p in run.layout.dir.parent.glob(f"*/{run.layout.manifest.name}")):
         try:
             other = load_run_result(layout)
@@ -192,7 +218,7 @@ def _repeat_levels(run: RunResult) -> dict[int | None, list[BenchLevel]]:
             continue
         if other.manifest.config.name == run.manifest.config.name and other.manifest.ok:
             for lv in other.levels:
-                out.setdefault(lv.concurrency, []).append(lv)
+                out.setdefault(level_key(lv), []).append(lv)
     return out
 
 

@@ -18,6 +18,14 @@ def _fmt(v) -> str:
     return str(v)[:60]
 
 
+def _level(key: tuple) -> str:
+    """A row's level as compare names it: `8` (concurrency), `2.5/s` (request rate), after its scenario,
+    with `*` for a probe of max_load."""
+    scenario, kind, load, probe = key
+    text = f"{load:g}/s" if kind == "request_rate" and load is not None else str(load if load is not None else "-")
+    return (f"{scenario} " if scenario else "") + text + ("*" if probe else "")
+
+
 def render_comparison(result: dict, *, before: str, after: str):
     parts = []
     facts = Table(title="host facts that differ", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
@@ -28,7 +36,7 @@ def render_comparison(result: dict, *, before: str, after: str):
     parts.append(facts if result["facts"] else Text("host facts: no difference", style="green"))
     t = Table(title="results", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("conc", "right"), ("metric", "left"), (before, "right"), (after, "right"), ("delta", "right"),
+        ("level", "right"), ("metric", "left"), (before, "right"), (after, "right"), ("delta", "right"),
         ("noise", "right"), ("beyond?", "left"))
     for col, justify in columns:
         t.add_column(col, justify=justify)
@@ -36,11 +44,13 @@ def render_comparison(result: dict, *, before: str, after: str):
         delta = "-" if row.delta is None else f"{row.delta * 100:+.1f}%"
         verdict = (Text("yes", style="bold red") if row.beyond_noise else Text("no", style="green")) \
             if row.delta is not None else Text("-")
-        t.add_row(str(row.concurrency), row.label, _fmt(row.before), _fmt(row.after), delta,
+        t.add_row(_level(row.level), row.label, _fmt(row.before), _fmt(row.after), delta,
                   f"±{row.noise * 100:.1f}%", verdict)
     parts.append(t)
     sources = sorted({r.noise_source for r in result["rows"]})
     parts.append(Text(f"noise: {', '.join(sources)} (at least 2%)", style="dim"))
+    if any(r.level[3] for r in result["rows"]):
+        parts.append(Text("* a probe of search.max_load", style="dim"))
     k = result["kernels"]
     if k["before"] or k["after"]:
         kt = Table(title="top kernels", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")

@@ -69,7 +69,7 @@ def test_scenarios_closed_and_open_loop_with_goodput_and_the_max_load_search(tmp
     opened = [r for r in requests if r["scenario"] == "burst"]
     assert len(opened) == 12 and all(r["start_ns"] >= r["scheduled_ns"] for r in opened)
     # the schedule as the random state draws it: offsets from the first scheduled send
-    from harness.remote.bench import arrival_offsets
+    from harness.remote.workload import arrival_offsets
     first = opened[0]["scheduled_ns"]
     assert [r["scheduled_ns"] - first for r in opened] == arrival_offsets(20.0, 12, "gamma", 0.5, 13)
     assert all(r["scheduled_ns"] is None for r in requests if r["scenario"] == "chat")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.remote.bench import Outcome, parse_exchange, request_record, summarize_level
+from harness.remote.exchange import Outcome, parse_exchange
+from harness.remote.levels import request_record, summarize_level
 from harness.remote.stats import distribution, percentile
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "streams"

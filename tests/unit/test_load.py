@@ -15,15 +15,11 @@ import pytest
 
 from harness.errors import InputError
 from harness.plan import load_sweep
-from harness.remote.bench import (
-    Outcome,
-    arrival_offsets,
-    bisect_max_load,
-    level_meets,
-    request_meets,
-    run_benchmark,
-    summarize_level,
-)
+from harness.remote.bench import run_benchmark
+from harness.remote.exchange import Outcome
+from harness.remote.levels import level_meets, request_meets, summarize_level
+from harness.remote.maxload import bisect_max_load
+from harness.remote.workload import arrival_offsets
 
 
 def gaps(offsets: list[int]) -> list[float]:

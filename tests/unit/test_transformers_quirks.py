@@ -22,7 +22,7 @@ from urllib.request import urlopen
 import pytest
 
 from harness.remote import ZIPAPP, zipapp
-from harness.remote.bench import parse_exchange
+from harness.remote.exchange import parse_exchange
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "streams"
 OPENAI_FIELDS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "stream", "stream_options",

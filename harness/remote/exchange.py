@@ -1,0 +1,227 @@
+"""One request and its response as bytes, with no clock: the request the loop sends (`Target`, made by
+`build_target`: the host resolved once, the exact bytes built before a level starts) and the response
+it recorded, parsed once the level has ended (`parse_exchange`: the HTTP head, chunked
+transfer-encoding, server-sent events, JSON) into an `Outcome`.
+
+A room of its own so that the hot path (loop.py) stays a loop that only sends, stamps and stores:
+whatever costs CPU per byte is here and runs after the measurement, and it is tested on recorded
+streams without a socket. Standard library only, Python >= 3.9, like every module the zipapp carries.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+APIS = {"completions": "/completions", "chat": "/chat/completions"}
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+Reads = list[tuple[int, bytes]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send and the exact bytes of the request (a scenario's requests each bring their own,
+    built from `head` before the level starts: `request_for`)."""
+
+    host: str
+    family: int
+    address: str                # host resolved once, so no request waits on a resolver
+    port: int
+    tls: bool
+    request: bytes
+    head: str = ""              # the request head up to Content-Length, for `request_for`
+
+    def request_for(self, body: dict) -> bytes:
+        payload = json.dumps(body).encode()
+        return f"{self.head}Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload
+
+
+@dataclass
+class Outcome:
+    """What one request produced, parsed after its level ended; times are time.monotonic_ns()."""
+
+    sent_ns: int
+    end_ns: int
+    times: list[int]            # arrival of each text-carrying chunk
+    tokens: int | None          # usage.completion_tokens; None when the server sent no usage
+    prompt_tokens: int | None
+    status: int | None
+    error: str | None
+    chunk_tokens: list[int] | None = None   # completion_tokens so far at each text chunk, when
+                                            # every one carried usage (SGLang's continuous usage)
+    empty_events: int = 0       # events with a choice but no text (a token that decodes to nothing, or
+                                # a closing event that only gives the finish reason)
+    scheduled_ns: int | None = None   # open loop: when the arrival process said to send it
+
+
+def build_target(url: str, body: dict, api: str, headers: dict[str, str] | None = None) -> Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must look like http://HOST:PORT, got {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)  # .port raises ValueError for a bad port
+    base = parts.path.rstrip("/")
+    path = (base if base.endswith("/v1") else base + "/v1") + APIS[api]
+    payload = json.dumps(body).encode()
+    extra = ""
+    for name, value in (headers or {}).items():
+        if not re.fullmatch(r"[A-Za-z0-9-]+", name) or any(c in value for c in "\r\n"):
+            raise ValueError(f"header {name!r}: a name of letters, digits and '-', a value on one line")
+        extra += f"{name}: {value}\r\n"
+    start = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
+             f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{extra}")
+    head = f"{start}Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    try:
+        family, *_, sockaddr = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0]
+    except OSError as e:
+        raise ValueError(f"cannot resolve {parts.hostname!r}: {e}") from e
+    address = str(sockaddr[0])  # already a str for an IP family (typeshed also allows the int of other families)
+    return Target(parts.hostname, family, address, port, tls, head.encode() + payload, start)
+
+
+def parse_head(head: bytes) -> tuple[int, bool, int | None]:
+    """Status, chunked or not, and Content-Length of an HTTP/1.x response head (ValueError if not one)."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/"):
+        raise ValueError(lines[0])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    length = None if chunked or "content-length" not in headers else int(headers["content-length"])
+    return int(rest.split(" ", 1)[0]), chunked, length
+
+
+def _dechunk(reads: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """Undo chunked transfer-encoding, keeping each piece with the stamp of the read that completed it."""
+    buf = b""
+    for t, data in reads:
+        buf += data
+        out: list[bytes] = []
+        while True:
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                break
+            size = int(buf[:eol].split(b";")[0], 16)
+            if size == 0:
+                yield t, b"".join(out)
+                return
+            if len(buf) < eol + 4 + size:
+                break
+            out.append(buf[eol + 2:eol + 2 + size])
+            buf = buf[eol + 4 + size:]
+        yield t, b"".join(out)
+
+
+def _sse_events(reads: Iterable[tuple[int, bytes]], ended: bool) -> Iterator[tuple[int, bytes]]:
+    """Server-sent events, each stamped with the read that completed it; a last event without its blank
+    line too when the stream `ended` cleanly (a cut-off one is a fragment)."""
+    buf, t = b"", 0
+    for t, data in reads:
+        *events, buf = _EVENT_END.split(buf + data)
+        for event in events:
+            yield t, event
+    if ended and buf.strip():
+        yield t, buf
+
+
+def _event_data(event: bytes) -> bytes | None:
+    lines = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
+    if not lines:
+        return None
+    return b"\n".join(line[1:] if line.startswith(b" ") else line for line in lines)
+
+
+def _error_message(obj: dict) -> str | None:
+    """The text of an error sent inside a 200 stream: `{"object": "error", ...}` or `{"error": ...}`."""
+    if obj.get("object") == "error":
+        return str(obj.get("message") or obj)
+    err = obj.get("error")
+    if not err:
+        return None
+    return str(err.get("message") or err) if isinstance(err, dict) else str(err)
+
+
+def _carries_text(obj: dict) -> bool:
+    """Completions `text`, chat `content`, or reasoning (`reasoning_content` SGLang, `reasoning` vLLM)."""
+    for choice in obj.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                or delta.get("reasoning"):
+            return True
+    return False
+
+
+def _excerpt(data: bytes, limit: int = 200) -> str:
+    text = " ".join(data.decode("utf-8", "replace").split())
+    return (text[:limit] + "...") if len(text) > limit else (text or "(empty)")
+
+
+def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = None) -> Outcome:
+    """Turn one request's stamped reads (raw HTTP response bytes) into an Outcome.
+
+    `error` is what the connection said (timeout, reset, closed early); an error the server reported
+    in the response (a non-200 status, an error event) takes precedence, being the more telling.
+    """
+    head = b""
+    for i, (t, piece) in enumerate(reads):  # noqa: B007  (i and t are used after the break: where the head ends)
+        head += piece
+        end = head.find(b"\r\n\r\n")
+        if end >= 0:
+            break
+    else:
+        return Outcome(sent_ns, end_ns, [], None, None, None, error or "no response")
+    try:
+        status, chunked, _ = parse_head(head[:end])
+    except ValueError:
+        return Outcome(sent_ns, end_ns, [], None, None, None, "malformed response head")
+    body: Reads = [(t, head[end + 4:])] + reads[i + 1:]
+    times: list[int] = []
+    running: list[int] | None = []
+    tokens = prompt_tokens = None
+    failure = None
+    empty = 0
+    try:
+        if chunked:
+            body = list(_dechunk(body))
+        if status != 200:
+            return Outcome(sent_ns, end_ns, [], None, None, status,
+                           f"HTTP {status}: {_excerpt(b''.join(d for _, d in body))}")
+        seen_data = False
+        for t, event in _sse_events(body, ended=error is None):
+            data = _event_data(event)
+            if data is None:
+                continue
+            seen_data = True
+            if data == b"[DONE]":
+                break
+            obj = json.loads(data)
+            if not isinstance(obj, dict):
+                raise ValueError(data)
+            failure = _error_message(obj)
+            if failure:
+                break
+            usage = obj.get("usage")
+            if usage:  # assigned, not added: usage on the last content chunk counts once
+                tokens, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+            if _carries_text(obj):
+                times.append(t)
+                if running is not None and usage and isinstance(tokens, int):
+                    running.append(tokens)
+                else:
+                    running = None
+            elif obj.get("choices"):
+                empty += 1
+        if not seen_data and failure is None:
+            failure = "not an event stream: " + _excerpt(b"".join(d for _, d in body))
+    except (ValueError, AttributeError, TypeError) as e:  # bad chunk size, JSON or JSON shape
+        failure = f"malformed response: {e}"
+    return Outcome(sent_ns, end_ns, times, tokens, prompt_tokens, status, failure or error,
+                   running if running else None, empty)
