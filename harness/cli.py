@@ -213,6 +213,9 @@ def _print_plan(sw, format: str) -> None:
               highlight=False)
     for e in entries:
         out.print(f"  {e['run_id']}  [dim]on {e['host']}[/]", highlight=False, soft_wrap=True)
+    if any(h.workdir.startswith("~") for h in sw.hosts):
+        err.print(Text("note: a workdir's leading ~ stands for the host user's home here; the sweep renders each "
+                       "script with the absolute folder it finds on the host", style="dim"), highlight=False)
     for e in entries:
         out.rule(f"{e['run_id']}  [dim]on {e['host']}[/]")
         out.print(e["script"], markup=False, highlight=False, soft_wrap=True)
