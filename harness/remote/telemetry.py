@@ -6,12 +6,14 @@
 Every `--interval` seconds it reads the engine's Prometheus `/metrics` and asks nvidia-smi for each
 GPU's SM clock, memory used, power and utilization, and appends what it read to `--out`, one JSON
 object a line (docs/formats.md "telemetry.jsonl"): `{"t_ns", "source", "values"}` with `t_ns` from
-time.monotonic_ns(), the clock the benchmark client stamps its requests with, so a level's
-[start, end] can be matched with the samples that bracket it. It samples once as it starts (the
-file is written only once that first round is done: a caller may wait for the file to be non-empty
-before it starts the benchmark) and once more as it stops, on SIGTERM or SIGINT, after `--duration`
-seconds, or when the process that started it is gone (its parent changed), so it never outlives a
-lost SSH session for long.
+time.monotonic_ns(), the clock the benchmark client stamps its requests with, so a level's [start,
+end] can be matched with the samples that bracket it. A sample's `t_ns` is when it was asked for and
+its `t_end_ns` when the answer was in: what it says holds at some instant between the two, so a sample
+answered before a level started and one asked for after it ended bracket it exactly. It samples once
+as it starts (the file is written only once that first round is done: a caller may wait for the file
+to be non-empty before it starts the benchmark) and once more as it stops, on SIGTERM or SIGINT, after
+`--duration` seconds, or when the process that started it is gone (its parent changed), so it never
+outlives a lost SSH session for long.
 
 The host is not trusted, and neither is the engine: an answer to /metrics over `--max-bytes` is
 refused unread, every line is parsed strictly (a line that is not a sample or a comment counts as
@@ -291,7 +293,7 @@ class Sampler:
             text = fetch_metrics(self.url, max_bytes=self.max_bytes, headers=self.headers)
         except (OSError, ValueError) as e:
             return self.note("metrics", f"{self.url}: {e}")
-        at = (sent + time.monotonic_ns()) // 2   # the answer describes some instant of the exchange
+        got = time.monotonic_ns()
         values, bad = parse_exposition(text, self.families)
         if bad:
             self.note("metrics", f"{self.url}: {bad} malformed lines left out")
@@ -299,7 +301,7 @@ class Sampler:
             self.note("metrics", f"{self.url}: none of the families asked for is there "
                                  f"({', '.join(self.families[:4])}{', ...' if len(self.families) > 4 else ''})")
         self.counts["metrics"] += 1
-        self.lines.append({"t_ns": at, "source": "metrics",
+        self.lines.append({"t_ns": sent, "t_end_ns": got, "source": "metrics",
                            "values": {k: json_value(v) for k, v in values.items()}})
 
     def sample_gpus(self) -> None:
@@ -311,10 +313,10 @@ class Sampler:
             gpus = parse_gpu_csv(text)
         except (OSError, ValueError) as e:
             return self.note("gpu", f"nvidia-smi: {e}")
-        at = (sent + time.monotonic_ns()) // 2
+        got = time.monotonic_ns()
         for gpu in gpus:
             self.counts["gpu"] += 1
-            self.lines.append({"t_ns": at, "source": "gpu", "values": gpu})
+            self.lines.append({"t_ns": sent, "t_end_ns": got, "source": "gpu", "values": gpu})
 
 
 def _open_out(path: str):
