@@ -18,9 +18,10 @@ outlives a lost SSH session for long.
 The host is not trusted, and neither is the engine: an answer to /metrics over `--max-bytes` is
 refused unread, every line is parsed strictly (a line that is not a sample or a comment counts as
 malformed and gives no value) and tolerantly (comments, labels with escapes, NaN and +Inf, a
-timestamp, a missing final newline), and only the families asked for are kept. nvidia-smi runs
-with a timeout and a bounded output. What goes wrong is written as a `note` line (the first time
-each message is seen) and never ends the sampler: telemetry describes a run, it never fails one.
+timestamp, a missing final newline), and only the families asked for are kept. nvidia-smi runs with a
+timeout and a bounded output; one that hangs past its timeout is not asked again that run. What goes
+wrong is written as a `note` line (the first time each message is seen) and never ends the sampler:
+telemetry describes a run, it never fails one.
 Exit 0, or 2 on bad arguments.
 """
 
@@ -213,9 +214,13 @@ def parse_gpu_csv(text: str) -> list[dict[str, Any]]:
     return out
 
 
+class Hung(ValueError):
+    """A command that gave no answer within its timeout (and was killed)."""
+
+
 def run_bounded(argv: list[str], *, timeout: float, max_bytes: int) -> str:
-    """A command's stdout, read for at most `timeout` seconds and `max_bytes` bytes (ValueError past
-    either, the command killed), as text; ValueError on a non-zero exit."""
+    """A command's stdout, read for at most `timeout` seconds (Hung past it) and `max_bytes` bytes
+    (ValueError past them), the command killed then, as text; ValueError on a non-zero exit."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     assert proc.stdout is not None
     deadline, chunks, size = time.monotonic() + timeout, [], 0
@@ -224,7 +229,7 @@ def run_bounded(argv: list[str], *, timeout: float, max_bytes: int) -> str:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ValueError(f"{argv[0]} gave no answer within {timeout:g} s")
+                raise Hung(f"{argv[0]} gave no answer within {timeout:g} s")
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
                 continue
@@ -237,7 +242,7 @@ def run_bounded(argv: list[str], *, timeout: float, max_bytes: int) -> str:
                 raise ValueError(f"{argv[0]} printed over {max_bytes:,} bytes")
         code = proc.wait(max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        raise ValueError(f"{argv[0]} did not exit within {timeout:g} s") from None
+        raise Hung(f"{argv[0]} did not exit within {timeout:g} s") from None
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -311,6 +316,9 @@ class Sampler:
             text = run_bounded([self.smi, f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv"],
                                timeout=self.smi_timeout, max_bytes=MAX_SMI_BYTES)
             gpus = parse_gpu_csv(text)
+        except Hung as e:   # a hung nvidia-smi stays hung (a driver in trouble): asked again, it would
+            self.smi = None  # hold up every round of /metrics by its timeout
+            return self.note("gpu", f"nvidia-smi: {e}: no more GPU samples this run")
         except (OSError, ValueError) as e:
             return self.note("gpu", f"nvidia-smi: {e}")
         got = time.monotonic_ns()

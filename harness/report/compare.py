@@ -373,7 +373,7 @@ def telemetry_table(rows: list[dict]) -> Group | None:
         notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
         return Group(Text("telemetry: " + "; ".join(notes), style="yellow")) if notes else None
     columns = [c for c in TELEMETRY_COLUMNS if any(r["telemetry"].get(c[0]) is not None for r in shown)]
-    t = Table(title="telemetry while each level ran (means; KV and wait: maxima; power: all GPUs)",
+    t = Table(title="telemetry per level (means; KV, wait: maxima; power: all GPUs)",
               header_style="bold", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
               collapse_padding=True)
     t.add_column("config", overflow="fold")

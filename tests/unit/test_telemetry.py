@@ -110,7 +110,7 @@ def test_nvidia_smi_fields_it_cannot_read_are_none_and_a_table_of_another_shape_
 
 
 def test_a_command_is_cut_off_at_its_timeout_and_its_output_bound():
-    with pytest.raises(ValueError, match="no answer within"):
+    with pytest.raises(tm.Hung, match="no answer within"):
         tm.run_bounded(["sleep", "600"], timeout=0.2, max_bytes=100)
     with pytest.raises(ValueError, match="printed over 1,000 bytes"):
         tm.run_bounded(["yes"], timeout=60, max_bytes=1000)
