@@ -258,7 +258,7 @@ def run_bounded(argv: list[str], *, timeout: float, max_bytes: int) -> str:
 class Sampler:
     """One round of samples at a time (`sample`), its lines kept in `lines` until the caller takes them."""
 
-    def __init__(self, url: str, families: list[str] | None, *, max_bytes: int = MAX_METRICS_BYTES,
+    def __init__(self, url: str | None, families: list[str] | None, *, max_bytes: int = MAX_METRICS_BYTES,
                  headers: dict[str, str] | None = None, smi: str | None = "nvidia-smi",
                  smi_timeout: float = SMI_TIMEOUT_S):
         self.url, self.families = url, families
@@ -288,11 +288,13 @@ class Sampler:
                            "values": {"about": about, "error": error, "message": message}})
 
     def sample(self) -> None:
-        self.sample_metrics()
+        if self.url:
+            self.sample_metrics()
         if self.smi:
             self.sample_gpus()
 
     def sample_metrics(self) -> None:
+        assert self.url is not None
         sent = time.monotonic_ns()
         try:
             text = fetch_metrics(self.url, max_bytes=self.max_bytes, headers=self.headers)
@@ -357,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
     parent, started = os.getppid(), time.monotonic()
-    sampler = Sampler(args.url, families, max_bytes=args.max_bytes, headers=headers,
+    sampler = Sampler(None if args.no_metrics else args.url, families, max_bytes=args.max_bytes, headers=headers,
                       smi=None if args.no_gpu else args.nvidia_smi, smi_timeout=args.smi_timeout)
     with _open_out(args.out) as out:
         begun = time.monotonic_ns()
@@ -406,6 +408,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nvidia-smi", default="nvidia-smi", help="the nvidia-smi to run (default: from PATH)")
     p.add_argument("--smi-timeout", type=float, default=SMI_TIMEOUT_S, help="seconds nvidia-smi may take")
     p.add_argument("--no-gpu", action="store_true", help="sample no GPUs")
+    p.add_argument("--no-metrics", action="store_true", help="sample no /metrics (an engine with none)")
     p.add_argument("--api-key-env", help="an environment variable holding the server's API key")
     return p
 

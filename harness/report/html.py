@@ -98,10 +98,8 @@ def _charts(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) -> 
 
 
 TELEMETRY_CHARTS = (("kv_cache_usage_max", "KV-cache use, most in the level, %", 100.0),
-                    ("running_mean", "requests running (mean)", 1.0),
                     ("gpu_power_w", "GPU power (mean, all GPUs), W", 1.0),
-                    ("gpu_sm_clock_mhz", "SM clock (mean), MHz", 1.0),
-                    ("gpu_utilization_pct", "GPU utilization (mean), %", 1.0))
+                    ("gpu_sm_clock_mhz", "SM clock (mean), MHz", 1.0))
 """The per-level telemetry figures drawn against concurrency: key, axis label, scale."""
 
 

@@ -4,9 +4,11 @@ A level ran from its first send to its last end (`started_ns`, `ended_ns` in ben
 time.monotonic_ns() clock, the clock of telemetry.jsonl). Its window of samples is the last one
 answered at or before the start, the first one asked for at or after the end, and every one between:
 the samples that bracket it (a sample holds at some instant between its asking, `t_ns`, and its
-answer, `t_end_ns`). Over that window a gauge gives its mean and maximum (`running_mean`,
-`kv_cache_usage_max`, ...) and a counter its increase from the first sample to the last, which only a
-bracketed window gives (a level shorter than the interval still has its two brackets). Then, named the
+answer, `t_end_ns`). A counter gives its increase from the first sample of that window to the last,
+which only a bracketed window gives (a level shorter than the interval still has its two brackets); a
+gauge its mean and maximum (`running_mean`, `kv_cache_usage_max`, ...) over the samples taken wholly
+within the level, or over the window when none was (a bracket may already see the next level's
+requests queueing). Then, named the
 same for every engine:
 
     prefix_cache_hit_rate   prefix-cache hits / queries over the level (tokens; vLLM counts every
@@ -51,6 +53,12 @@ def bracket(samples: Sequence[TelemetryLine], start_ns: int, end_ns: int) -> tup
     return list(samples[lo:hi + 1]), bool(before and after)
 
 
+def inside(samples: Sequence[TelemetryLine], start_ns: int, end_ns: int) -> list[TelemetryLine]:
+    """The samples asked for and answered within [start_ns, end_ns]: what a gauge says of the level
+    itself (a bracket may already see the next level's requests queueing)."""
+    return [s for s in samples if s.t_ns >= start_ns and (s.t_end_ns or s.t_ns) <= end_ns]
+
+
 def value_of(values: dict[str, Any], metric: TelemetryMetric) -> float | None:
     """A family's samples in one scrape combined as the metric says (sum or mean over label sets), the
     breakdowns of a total left out; None when the scrape has none (or only NaN)."""
@@ -81,10 +89,12 @@ def level_summary(t: TelemetryFile, start_ns: int | None, end_ns: int | None) ->
     """The level's figures (module docstring); None without a start and end or without any sample."""
     if start_ns is None or end_ns is None:
         return None
-    window, bracketed = bracket(t.samples("metrics"), start_ns, end_ns)
+    samples = t.samples("metrics")
+    window, bracketed = bracket(samples, start_ns, end_ns)
+    within = inside(samples, start_ns, end_ns) or window
     out: dict[str, Any] = {"samples": len(window), "bracketed": bracketed}
     for m in t.metrics:
-        series = [v for s in window if (v := value_of(s.values, m)) is not None]
+        series = [v for s in within if (v := value_of(s.values, m)) is not None]
         if m.kind == "counter":
             first, last = (value_of(window[0].values, m), value_of(window[-1].values, m)) if window else (None, None)
             grew = last - first if bracketed and first is not None and last is not None else None
@@ -120,9 +130,10 @@ def _gpus(t: TelemetryFile, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
     out = []
     for index in sorted(by_gpu):
         window, bracketed = bracket(by_gpu[index], start_ns, end_ns)
-        gpu: dict[str, Any] = {"gpu": index, "samples": len(window), "bracketed": bracketed}
+        within = inside(by_gpu[index], start_ns, end_ns) or window
+        gpu: dict[str, Any] = {"gpu": index, "samples": len(within), "bracketed": bracketed}
         for field, how in GPU_STATS:
-            got = [float(v) for s in window if isinstance(v := s.values.get(field), (int, float))
+            got = [float(v) for s in within if isinstance(v := s.values.get(field), (int, float))
                    and not isinstance(v, bool) and math.isfinite(v)]
             gpu[field] = (statistics.fmean(got) if how == "mean" else max(got)) if got else None
         if window:

@@ -218,6 +218,14 @@ def test_a_refused_or_broken_answer_is_a_note_once_and_never_stops_the_sampler(t
     assert lines[-1]["source"] == "stop" and lines[-1]["values"]["errors"] >= 2
 
 
+def test_an_engine_without_metrics_families_gets_gpu_samples_only(tmp_path):
+    done, lines = run_sampler(tmp_path, "--url", "http://127.0.0.1:9/metrics", "--interval", "0.05", "--duration",
+                              "0.1", "--no-metrics", "--nvidia-smi", "no-such-nvidia-smi")
+    assert done.returncode == 0, done.stderr
+    assert [x["source"] for x in lines] == ["start", "note", "stop"]     # nothing asked of port 9: no error
+    assert lines[-1]["values"]["errors"] == 0
+
+
 @pytest.mark.parametrize("args", [["--interval", "0"], ["--families", "bad name"], ["--metrics", "[1]"],
                                   ["--metrics", "not json"], ["--max-bytes", "0"]])
 def test_bad_arguments_exit_2_before_anything_is_written(tmp_path, args):
@@ -263,23 +271,25 @@ def gpu(t_ns: int, index: int, power: float | None, memory: float) -> TelemetryL
         "gpu": index, "sm_clock_mhz": 1980.0, "memory_used_mib": memory, "power_w": power, "utilization_pct": 90.0})
 
 
-def test_a_level_reads_its_gauges_over_the_window_and_its_counters_between_the_brackets():
+def test_a_level_reads_its_gauges_within_it_and_its_counters_between_the_brackets():
     t = TelemetryFile(metrics=METRICS, lines=[
-        scrape(0, 0, 100, 0), scrape(100, 4, 200, 50, engines=2), scrape(200, 8, 400, 150, engines=2),
-        scrape(300, 2, 500, 175, engines=2), scrape(400, 0, 600, 200, engines=2),
-        gpu(0, 0, 100.0, 1000.0), gpu(0, 1, 90.0, 900.0), gpu(210, 0, 400.0, 5000.0), gpu(210, 1, None, 6000.0),
-        gpu(400, 0, 120.0, 5000.0), gpu(400, 1, 80.0, 6000.0)])
-    s = level_summary(t, 150, 250)       # brackets: the scrapes at 100 and 300
-    assert s is not None and s["bracketed"] and s["samples"] == 3
-    assert s["running_mean"] == (8 + 16 + 4) / 3 and s["running_max"] == 16     # two engines: summed
-    assert s["kv_cache_usage_max"] == pytest.approx(0.55)                       # two engines: their mean
-    assert s["prefix_cache_queries"] == 600 and s["prefix_cache_hits"] == 250
+        scrape(0, 0, 100, 0), scrape(100, 4, 200, 50, engines=2), scrape(160, 8, 300, 100, engines=2),
+        scrape(200, 6, 400, 150, engines=2), scrape(300, 9, 500, 175, engines=2), scrape(400, 0, 600, 200, engines=2),
+        gpu(0, 0, 100.0, 1000.0), gpu(0, 1, 90.0, 900.0), gpu(170, 0, 300.0, 5000.0), gpu(170, 1, 70.0, 5500.0),
+        gpu(210, 0, 400.0, 5000.0), gpu(210, 1, None, 6000.0), gpu(400, 0, 120.0, 5000.0), gpu(400, 1, 80.0, 9000.0)])
+    s = level_summary(t, 150, 250)       # brackets: the scrapes at 100 and 300; within: those at 160 and 200
+    assert s is not None and s["bracketed"] and s["samples"] == 4
+    assert s["running_mean"] == (16 + 12) / 2 and s["running_max"] == 16      # two engines: summed
+    assert s["kv_cache_usage_max"] == pytest.approx(0.55)                     # two engines: their mean
+    assert s["prefix_cache_queries"] == 600 and s["prefix_cache_hits"] == 250   # from 100 to 300
     assert s["prefix_cache_hit_rate"] == pytest.approx(250 / 600)
-    assert s["spec_acceptance"] is None and s["spec_accept_length"] is None     # no speculative decoding here
-    # GPUs: the samples at 0, 210 and 400 (the first one answered before 150 and the first asked after 250)
+    assert s["spec_acceptance"] is None and s["spec_accept_length"] is None   # no speculative decoding here
+    # GPUs: the samples taken within the level (170 and 210); [N/A] power is no figure
     assert [g["gpu"] for g in s["gpus"]] == [0, 1]
-    assert s["gpus"][0]["power_w"] == pytest.approx((100 + 400 + 120) / 3) and s["gpus"][1]["power_w"] == 85.0
-    assert s["gpu_power_w"] == pytest.approx((100 + 400 + 120) / 3 + 85) and s["gpu_memory_used_mib"] == 6000.0
+    assert s["gpus"][0]["power_w"] == 350.0 and s["gpus"][1]["power_w"] == 70.0
+    assert s["gpu_power_w"] == 420.0 and s["gpu_memory_used_mib"] == 6000.0 and s["gpu_sm_clock_mhz"] == 1980.0
+    short = level_summary(t, 110, 120)   # no sample within: the two brackets stand in for the gauges
+    assert short is not None and short["running_max"] == 16 and short["prefix_cache_hits"] == 100
 
 
 def test_a_level_without_a_sample_after_it_gets_no_counters_and_a_restart_no_negative_count():
@@ -315,7 +325,8 @@ def test_speculative_decoding_acceptance_from_vllms_counters_and_sglangs_gauges(
         'sglang:num_running_reqs{engine_type="unified",model_name="m",priority="1"}': 3.0})
         for i, rate in enumerate((0.5, 0.7, 0.9))]
     s = level_summary(TelemetryFile(metrics=sg, lines=lines), 5, 15)
-    assert s is not None and s["spec_acceptance"] == pytest.approx(0.7) and s["spec_accept_length"] == 3.1
+    assert s is not None and s["spec_acceptance"] == pytest.approx(0.7)
+    assert s["spec_accept_length"] == pytest.approx(3.1)
     assert s["running_max"] == 4.0      # the per-priority sample splits the total: left out
     assert value_of({"sglang:num_running_reqs": "NaN"}, sg[0]) is None
 
