@@ -63,6 +63,7 @@ names a counter `NAME_total` and writes a `NAME_created` gauge beside it, left o
 summary's `_sum` and `_count` (never its buckets)."""
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_HEAD = re.compile(_NAME)
 _SAMPLE = re.compile(rf"^({_NAME})(\{{.*\}})?[ \t]+(\S+)(?:[ \t]+(-?\d+))?[ \t]*$")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,|$)')
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|[Ii]nf|[Nn]a[Nn])$")
@@ -109,7 +110,8 @@ def kept_names(families: Any) -> set[str]:
 
 def parse_exposition(text: str, families: Any = None) -> tuple[dict[str, float], int]:
     """The samples of a Prometheus text exposition (format 0.0.4) whose family is one of `families`
-    (None: every one), keyed by `sample_key`, and how many lines were malformed. Comments (`# HELP`,
+    (None: every one), keyed by `sample_key`, and how many lines were malformed (of those whose name
+    is one kept, or cannot be told). Comments (`# HELP`,
     `# TYPE` and any other) are skipped; a sample repeated keeps its last value."""
     keep = None if families is None else kept_names(families)
     out: dict[str, float] = {}
@@ -118,6 +120,10 @@ def parse_exposition(text: str, families: Any = None) -> tuple[dict[str, float],
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        if keep is not None:   # a family not kept is not parsed (nor judged): most of a large answer
+            head = _HEAD.match(line)
+            if head is not None and head.group(0) not in keep and line[head.end():head.end() + 1] in "{ \t":
+                continue
         m = _SAMPLE.match(line)
         if not m:
             bad += 1

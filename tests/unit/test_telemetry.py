@@ -202,7 +202,8 @@ def test_the_sampler_alone_samples_at_start_every_interval_and_at_stop(tmp_path,
 
 
 def test_a_refused_or_broken_answer_is_a_note_once_and_never_stops_the_sampler(tmp_path, server):
-    server.body = VLLM_CPU.encode() + b"\nnot a sample line\n"
+    # a line of a kept family that is not a sample; one of a family not kept is not even read
+    server.body = VLLM_CPU.encode() + b'vllm:num_requests_running{engine="0" 1\nnot a sample line\n'
     done, lines = run_sampler(tmp_path, "--url", server.url, "--interval", "0.05", "--duration", "0.2",
                               "--families", "vllm:num_requests_running", "--no-gpu")
     assert done.returncode == 0, done.stderr
