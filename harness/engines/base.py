@@ -128,6 +128,7 @@ class Engine:
     protocol: str = ""             # the engine whose HTTP and profiler protocol it speaks ("": its own)
     metrics_path: str = "/metrics"
     metrics: tuple[Metric, ...] = ()     # the /metrics families telemetry keeps (none: it samples GPUs only)
+    metrics_hint: str = ""               # what to do when /metrics is not there (a 404)
 
     @property
     def speaks(self) -> str:

@@ -87,4 +87,5 @@ ENGINE = register(SGLang(
     version_command="python -c 'import sglang; print(sglang.__version__)'",
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
     env_prefixes=("SGLANG_",), metrics=METRICS,
+    metrics_hint="SGLang serves /metrics only with --enable-metrics: add `enable-metrics: true` to server.args",
     oom_hint="lower --mem-fraction-static, shorten --context-length or use more GPUs (--tp-size)"))

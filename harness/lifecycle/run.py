@@ -206,9 +206,11 @@ def read_back(ctx: RunContext) -> FromFiles:
     if record is not None and record.get("status") == "pending":
         record = _nsys_reports(ctx.layout, record)
     telemetry = read_telemetry(ctx.layout.telemetry)
+    hint = ctx.sweep.engine.metrics_hint
+    errors = tuple(e + (f": {hint}" if hint and "HTTP 404" in e else "")
+                   for e in (telemetry.notes(errors_only=True) if telemetry else ()))
     return FromFiles(log_tail, parse_facts(facts_for(ctx.sweep.engine), ctx.layout.facts),
-                     template_record(ctx.sweep.template), record,
-                     tuple(telemetry.notes(errors_only=True)) if telemetry else ())
+                     template_record(ctx.sweep.template), record, errors)
 
 
 PROFILE_FIELDS = ("status", "mode", "files", "missing_ranks", "ranks_found", "expected_ranks", "num_steps", "dir",

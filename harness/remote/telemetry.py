@@ -73,8 +73,8 @@ _UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
 # --------------------------------------------------------------------------- the exposition format
 
 def parse_value(text: str) -> float:
-    """A sample value as Prometheus writes it: a Go float, `NaN`, `+Inf`, `-Inf` (ValueError else;
-    Python's own spellings that Go refuses, `1_000` or `infinity`, are refused too)."""
+    """A sample value as the exposition format names them: a decimal float, `NaN`, `+Inf`, `-Inf`
+    (ValueError else: Python's own spellings, `1_000` or `infinity`, and Go's hexadecimal floats too)."""
     if not _FLOAT.match(text):
         raise ValueError(f"not a sample value: {text[:40]!r}")
     return float(text)
@@ -111,8 +111,8 @@ def kept_names(families: Any) -> set[str]:
 def parse_exposition(text: str, families: Any = None) -> tuple[dict[str, float], int]:
     """The samples of a Prometheus text exposition (format 0.0.4) whose family is one of `families`
     (None: every one), keyed by `sample_key`, and how many lines were malformed (of those whose name
-    is one kept, or cannot be told). Comments (`# HELP`,
-    `# TYPE` and any other) are skipped; a sample repeated keeps its last value."""
+    is one kept, or cannot be told). Comments (`# HELP`, `# TYPE` and any other) are skipped; a
+    sample repeated keeps its last value."""
     keep = None if families is None else kept_names(families)
     out: dict[str, float] = {}
     bad = 0

@@ -121,3 +121,21 @@ def test_gpu_samples_come_from_nvidia_smi_and_a_hung_one_is_cut_off(tmp_path, ss
     assert any(w.startswith("telemetry: nvidia-smi") for w in m["warnings"]), m["warnings"]
     assert len([x for x in got if x["source"] == "metrics"]) >= 2
     assert (bin_dir / "calls").read_text().split() == ["called"]      # never asked again
+
+
+def test_a_server_without_metrics_keeps_its_run_and_the_warning_says_how_to_get_them(tmp_path, ssh_inventory):
+    """SGLang serves /metrics only with --enable-metrics (the simulator as the real one): a 404 every
+    round, noted once, and the manifest says which flag brings them."""
+    results = tmp_path / "results"
+    pb = playbook(tmp_path, engine="sglang", profile="none", configs=[{"name": "plain"}],
+                  telemetry={"interval_s": 0.05})
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", results)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (m,) = manifests(results).values()
+    got = lines(sweep_dir(results) / "runs" / m["run_id"] / "telemetry.jsonl")
+    assert m["status"] == "ok" and not [x for x in got if x["source"] == "metrics"]
+    refused = [x["values"]["message"] for x in got if x["source"] == "note" and x["values"]["error"]]
+    assert len(refused) == 1 and refused[0].endswith("GET /metrics answered HTTP 404")
+    assert got[-1]["values"]["errors"] >= 2          # every round failed, noted once
+    (warning,) = [w for w in m["warnings"] if w.startswith("telemetry:")]
+    assert warning.endswith("add `enable-metrics: true` to server.args")
