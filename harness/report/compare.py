@@ -373,9 +373,8 @@ def telemetry_table(rows: list[dict]) -> Group | None:
         notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
         return Group(Text("telemetry: " + "; ".join(notes), style="yellow")) if notes else None
     columns = [c for c in TELEMETRY_COLUMNS if any(r["telemetry"].get(c[0]) is not None for r in shown)]
-    t = Table(title="telemetry per level (means; KV, wait: maxima; power: all GPUs)",
-              header_style="bold", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-              collapse_padding=True)
+    t = Table(title="telemetry per level", header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, collapse_padding=True)
     t.add_column("config", overflow="fold")
     t.add_column("conc", justify="right", no_wrap=True)
     for _, label, _ in columns:
@@ -384,7 +383,9 @@ def telemetry_table(rows: list[dict]) -> Group | None:
         tm = r["telemetry"]
         t.add_row(r["config"], str(r["concurrency"] or "-"), *(_telemetry_cell(tm.get(k), f) for k, _, f in columns))
     notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
-    parts: list[RenderableType] = [t]
+    power = any(k == "gpu_power_w" for k, _, _ in columns)
+    parts: list[RenderableType] = [t, Text("means over each level; KV-cache use and waiting: maxima"
+                                           + ("; power: all GPUs summed" if power else ""), style="dim")]
     if not all(r["telemetry"].get("bracketed") for r in shown):
         parts.append(Text("some levels lack a sample before or after them: counters (prefix hits, spec "
                           "acceptance) left out there", style="yellow"))
@@ -532,4 +533,20 @@ def as_markdown(rows: list[dict]) -> str:
                     r.get("error") or ""])
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     note = time_note(rows)
-    return "\n".join(lines) + "\n" + (f"\nNote: {note}.\n" if note else "")
+    return "\n".join(lines) + "\n" + (f"\nNote: {note}.\n" if note else "") + _telemetry_markdown(rows)
+
+
+def _telemetry_markdown(rows: list[dict]) -> str:
+    """The terminal's telemetry table as markdown ("" without telemetry)."""
+    shown = [r for r in rows if telemetry_view.has_figures(r.get("telemetry"))]
+    if not shown:
+        return ""
+    columns = [c for c in TELEMETRY_COLUMNS if any(r["telemetry"].get(c[0]) is not None for r in shown)]
+    head = ["config", "conc"] + [label.replace("\n", " ").replace("- ", "") for _, label, _ in columns]
+    lines = ["", "Telemetry per level (means; KV, wait: maxima; power: all GPUs):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in shown:
+        cells = [r["config"], str(r["concurrency"] or "-")]
+        cells += [_telemetry_cell(r["telemetry"].get(k), f) for k, _, f in columns]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"

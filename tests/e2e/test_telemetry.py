@@ -75,6 +75,8 @@ def test_a_sweep_samples_metrics_around_every_level_and_compare_summarizes_them(
         assert 0 < tm["running_max"] <= 4 and tm["kv_cache_usage_max"] > 0
         assert tm["prefix_cache_hit_rate"] == 0          # the simulator has no prefix cache: every query misses
         assert "gpus" not in tm and "no GPU samples" in " ".join(row["telemetry_notes"])
+    markdown = harness("compare", results, "--format", "markdown").stdout
+    assert "Telemetry per level" in markdown and "| config | conc | running |" in markdown, markdown
     table = harness("compare", results)
     assert "telemetry per level" in table.stdout and "nvidia-smi" in table.stdout, table.stdout
     report = harness("report", results, "-o", tmp_path / "report.html")
