@@ -17,8 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
+from harness.config.playbook import load_playbook
 from harness.engines import get_engine
+from harness.errors import InputError
 from harness.remote import telemetry as tm
 from harness.remote import zipapp
 from harness.report.telemetry_view import bracket, level_summary, pooled, value_of
@@ -348,3 +351,20 @@ def test_a_torn_last_line_or_a_foreign_line_is_left_out_and_a_file_without_its_s
     assert read is not None and [x.t_ns for x in read.lines] == [0, 1]
     path.write_text('{"t_ns": 1, "source": "metrics", "values": {}}\n')
     assert read_telemetry(path) is None and read_telemetry(tmp_path / "missing") is None
+
+
+# ---- the playbook's key ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("telemetry, key", [({"interval_s": 0}, "telemetry.interval_s"),
+                                            ({"interval_s": "fast"}, "telemetry.interval_s"),
+                                            ({"every": 1}, "telemetry.every")])
+def test_a_bad_telemetry_setting_names_the_file_and_key(tmp_path, telemetry, key):
+    pb = {"name": "p", "hosts": "localhost", "engine": "sim", "model": {"path": "/m"}, "configs": [{"name": "a"}],
+          "telemetry": telemetry}
+    (tmp_path / "playbook.yaml").write_text(yaml.safe_dump(pb))
+    with pytest.raises(InputError) as e:
+        load_playbook(tmp_path / "playbook.yaml")
+    assert "playbook.yaml" in str(e.value) and key in str(e.value)
+    pb["telemetry"] = {"interval_s": 0.25, "enabled": False}
+    (tmp_path / "playbook.yaml").write_text(yaml.safe_dump(pb))
+    assert load_playbook(tmp_path / "playbook.yaml")[0].telemetry.interval_s == 0.25
