@@ -213,6 +213,13 @@ class Profile(Strict):
     max_mb: float | None = Field(None, gt=0, description="refuse to pull a profile larger than this")
 
 
+class Telemetry(Strict):
+    """The server's Prometheus /metrics and the GPUs (nvidia-smi), sampled on the host around the benchmark."""
+    enabled: bool = Field(True, description="false: no telemetry.jsonl")
+    interval_s: float = Field(1.0, ge=0.05, le=60, description="seconds between samples (one more as the "
+                              "benchmark starts and one as it ends)")
+
+
 REFERENCE_METRIC = re.compile(r"^((ttft|itl|tpot|e2e)_ms_(mean|std|min|p50|p90|p95|p99|max)|output_tok_s|"
                               r"requests_per_s|efficiency)$")
 
@@ -436,6 +443,7 @@ class Playbook(Strict):
     matrix: Matrix | None = Field(None, description="configurations as a product of axes")
     benchmark: Benchmark = Field(default_factory=Benchmark)
     profile: Profile = Field(default_factory=Profile)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
     repeat: int = Field(1, ge=1)
     placement: Literal["pool", "each"] = "pool"
     secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")

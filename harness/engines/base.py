@@ -6,6 +6,9 @@ agent follows without knowing the engine), how its trace files are named (`Trace
 marks its steps inside a trace (`StepSpans`), and how many ranks a configuration has. Nothing outside
 `harness/engines/` knows any of this: lifecycle, analysis, config and the host agent read it here.
 
+`metrics` lists the families of its Prometheus `/metrics` that the telemetry sampler keeps, each with
+the engine-neutral meaning compare summarizes it under (`Metric`).
+
 A new engine is a module that calls `register(Engine(...))` (or a subclass overriding `ranks` and
 `capture`) and a template beside the others in `templates/`.
 """
@@ -77,6 +80,27 @@ class StepSpans:
 
 
 @dataclass(frozen=True)
+class Metric:
+    """One family of the engine's Prometheus /metrics that the harness keeps, and what it is to the
+    harness: `key` names it the same for every engine (running, waiting, kv_cache_usage,
+    prefix_cache_queries, prefix_cache_hits, spec_draft_tokens, spec_accepted_tokens, spec_accept_rate,
+    ...), `kind` says how a level reads it (a gauge: its mean and maximum over the level; a counter:
+    its increase), `across` how the samples of several label sets combine (engines of a data-parallel
+    server, ranks: "sum" or "mean"), and a label named in `breakdown` with a non-empty value marks a
+    sample that splits a total already counted (SGLang's per-priority queue counts), left out."""
+
+    key: str
+    family: str
+    kind: str = "gauge"                 # gauge | counter
+    across: str = "sum"                 # sum | mean
+    breakdown: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "family": self.family, "kind": self.kind, "across": self.across,
+                "breakdown": list(self.breakdown)}
+
+
+@dataclass(frozen=True)
 class CaptureSettings:
     """What the playbook asks of one profile capture."""
 
@@ -102,6 +126,9 @@ class Engine:
     env_prefixes: tuple[str, ...] = ()   # the engine's own environment variables, recorded as facts
     oom_hint: str = "lower the engine's memory fraction or use more GPUs"
     protocol: str = ""             # the engine whose HTTP and profiler protocol it speaks ("": its own)
+    metrics_path: str = "/metrics"
+    metrics: tuple[Metric, ...] = ()     # the /metrics families telemetry keeps (none: it samples GPUs only)
+    metrics_hint: str = ""               # what to do when /metrics is not there (a 404)
 
     @property
     def speaks(self) -> str:

@@ -14,6 +14,12 @@ Facts, each with the release it was read from:
   build_step_span_name): every forward step runs inside `record_function("step[DECODE bs=8]")`,
   `"step[EXTEND bs=1 toks=1024]"`, `MIXED`, `IDLE`, and with speculative decoding `VERIFY` and `DRAFT`.
 - Health: connection refused while loading, then `/health` 503 until the warm-up generation is done.
+- Metrics (0.5.23 `srt/observability/metrics_collector.py`): `/metrics` only with `--enable-metrics`
+  (else a 404), open without the API key. `sglang:token_usage` is the KV pool's used share,
+  `sglang:prompt_tokens_total` and `sglang:cached_tokens_total` (by `cache_source`) count the prompt
+  and prefix-cached tokens of finished requests, `sglang:spec_accept_rate` / `spec_accept_length` are
+  gauges of the last batches; with priority scheduling the queue gauges add per-`priority` samples
+  beside the total.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engines.base import CaptureSettings, Engine, StepSpans, TraceNaming, arg, register
+from harness.engines.base import CaptureSettings, Engine, Metric, StepSpans, TraceNaming, arg, register
 
 NAMING = TraceNaming(glob="*.trace.json.gz", rank=r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?",
                      not_ranks=r"^merged-", prefer=r"-DECODE\.")
@@ -33,6 +39,16 @@ STEPS = StepSpans(prefix="step[", stages=(
     (r"^step\[DRAFT", "draft"),          # a draft worker's steps; DRAFT_EXTEND(_V2) modes too
     (r"^step\[IDLE ", ""),
 ))
+METRICS = (
+    Metric("running", "sglang:num_running_reqs", breakdown=("priority",)),
+    Metric("waiting", "sglang:num_queue_reqs", breakdown=("priority",)),
+    Metric("kv_cache_usage", "sglang:token_usage", across="mean"),
+    Metric("prefix_cache_queries", "sglang:prompt_tokens", "counter"),
+    Metric("prefix_cache_hits", "sglang:cached_tokens", "counter"),
+    Metric("spec_accept_rate", "sglang:spec_accept_rate", across="mean"),
+    Metric("spec_accept_length", "sglang:spec_accept_length", across="mean"),
+    Metric("generation_tokens", "sglang:generation_tokens", "counter"),
+)
 HINTS = {
     "500": "SGLang answers a bare 500 when a profile is already in progress (an earlier num_steps "
            "session that never saw traffic) or after it stopped by itself; restart the server or wait "
@@ -70,5 +86,6 @@ ENGINE = register(SGLang(
     template="sglang.sh.j2", help_command="python -m sglang.launch_server --help",
     version_command="python -c 'import sglang; print(sglang.__version__)'",
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
-    env_prefixes=("SGLANG_",),
+    env_prefixes=("SGLANG_",), metrics=METRICS,
+    metrics_hint="SGLang serves /metrics only with --enable-metrics: add `enable-metrics: true` to server.args",
     oom_hint="lower --mem-fraction-static, shorten --context-length or use more GPUs (--tp-size)"))

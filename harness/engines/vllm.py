@@ -22,6 +22,11 @@ Facts, each with the release it was seen in:
   (CPU `user_annotation` and GPU `gpu_user_annotation`): n requests in prefill, m in decode; steps
   with neither are idle (48 of 318 on the H200).
 - Health: connection refused until the engine is up, then `/health` 200.
+- Metrics (0.26.0 and 0.32.0 `v1/metrics/loggers.py`, `v1/spec_decode/metrics.py`): `/metrics` in the
+  Prometheus text format, open without the API key, every sample labelled `engine` (one per
+  data-parallel engine) and `model_name`; counters as `NAME_total` with a `NAME_created` beside.
+  `vllm:kv_cache_usage_perc` is a fraction (1 = 100 %) despite its name; the prefix-cache counters
+  count tokens; the spec-decode counters exist only with `--speculative-config`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engines.base import CaptureSettings, Engine, StepSpans, TraceNaming, arg, register
+from harness.engines.base import CaptureSettings, Engine, Metric, StepSpans, TraceNaming, arg, register
 
 NAMING = TraceNaming(glob="*.pt.trace.json.gz", rank=r"(?:^|_)rank(\d+)\.", not_ranks=r"\.async_llm\.")
 STEPS = StepSpans(prefix="execute_context_", stages=(
@@ -38,6 +43,18 @@ STEPS = StepSpans(prefix="execute_context_", stages=(
     (r"^execute_context_0\(\d+\)_generation_[1-9]", "decode"),
     (r"", ""),                                                    # no request at all: idle
 ))
+METRICS = (
+    Metric("running", "vllm:num_requests_running"),
+    Metric("waiting", "vllm:num_requests_waiting"),
+    Metric("kv_cache_usage", "vllm:kv_cache_usage_perc", across="mean"),
+    Metric("prefix_cache_queries", "vllm:prefix_cache_queries", "counter"),
+    Metric("prefix_cache_hits", "vllm:prefix_cache_hits", "counter"),
+    Metric("spec_drafts", "vllm:spec_decode_num_drafts", "counter"),
+    Metric("spec_draft_tokens", "vllm:spec_decode_num_draft_tokens", "counter"),
+    Metric("spec_accepted_tokens", "vllm:spec_decode_num_accepted_tokens", "counter"),
+    Metric("preemptions", "vllm:num_preemptions", "counter"),
+    Metric("generation_tokens", "vllm:generation_tokens", "counter"),
+)
 HINTS = {
     "404": "vLLM answers 404 when no profiler was configured at launch: the template must pass "
            "--profiler-config.profiler torch --profiler-config.torch_profiler_dir DIR",
@@ -67,5 +84,5 @@ ENGINE = register(VLLM(
     help_command="vllm serve --help=all",
     version_command="python -c 'import vllm; print(vllm.__version__)'",
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
-    env_prefixes=("VLLM_",),
+    env_prefixes=("VLLM_",), metrics=METRICS,
     oom_hint="lower --gpu-memory-utilization or --max-model-len, or use more GPUs (-tp)"))

@@ -1,13 +1,16 @@
 """Warm-up, the decode benchmark and the profile capture, all run ON the host.
 
 The benchmark client (`harness/remote/bench.py`, standard library only) runs inside the host's venv
-next to the server, so no network sits between client and server in the measurement. The profile
+next to the server, so no network sits between client and server in the measurement. The telemetry
+sampler (`harness/remote/telemetry.py`) runs beside it in the background, started just before it and
+stopped just after it in the same command: no round trip of its own. The profile
 protocol is the engine's (`Engine.capture`, plain data) and the host agent follows it there.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict
 
 from harness.engines import CaptureSettings
@@ -78,6 +81,34 @@ def _waves(ctx: RunContext) -> float:
     return waves
 
 
+TELEMETRY_FIRST_S = 30
+"""How long the benchmark waits for the sampler's first round (its /metrics read is bounded to 5 s and
+nvidia-smi to 10 s); a sampler that never gets there delays the benchmark by this much, no more."""
+TELEMETRY_STOP_S = 30
+"""How long the sampler has for its last round once told to stop, before it is killed."""
+
+
+def telemetry_shell(ctx: RunContext, budget: float) -> tuple[str, str]:
+    """Shell that starts the sampler in the background and waits until its first round is written, and
+    shell that stops it (SIGTERM: it samples once more and ends). ("", "") when the playbook turns
+    telemetry off; GPUs only for an engine whose record lists no /metrics families. The sampler ends
+    by itself after the benchmark's budget, or when this shell is gone."""
+    t = ctx.sweep.playbook.telemetry
+    if not t.enabled:
+        return "", ""
+    engine, out = ctx.sweep.engine, shlex.quote(ctx.paths.telemetry)
+    spec = json.dumps([m.as_dict() for m in engine.metrics], separators=(",", ":"))
+    sampler = tool_command(ctx.python, ctx.tools_dir, "telemetry", "--url", ctx.base_url + engine.metrics_path,
+                           "--out", ctx.paths.telemetry, "--interval", t.interval_s, "--duration", round(budget + 120),
+                           "--metrics", spec, *([] if engine.metrics else ["--no-metrics"]))
+    start = (f"rm -f {out}; {sampler} >/dev/null 2>&1 </dev/null & tpid=$!; i=0; "
+             f"while [ ! -s {out} ] && [ $i -lt {TELEMETRY_FIRST_S * 10} ] && [ -e /proc/$tpid ] "
+             "&& ! grep -q ') Z' /proc/$tpid/stat 2>/dev/null; do sleep 0.1; i=$((i+1)); done; ")
+    stop = (f"kill -TERM $tpid 2>/dev/null; ( sleep {TELEMETRY_STOP_S}; kill -KILL $tpid ) >/dev/null 2>&1 "
+            "</dev/null & killer=$!; wait $tpid 2>/dev/null; kill $killer 2>/dev/null; ")
+    return start, stop
+
+
 def bench(ctx: RunContext) -> None:
     b = ctx.run.benchmark
     plan = bench_plan(ctx)
@@ -96,8 +127,9 @@ def bench(ctx: RunContext) -> None:
     words += ["--max-failed-share", b.max_failed_share, "--progress-file", ctx.paths.bench_progress, *key_words(ctx)]
     command = with_key(ctx, ctx.in_venv(tool_command("python", ctx.tools_dir, "bench", *words)))
     budget = 120 + b.timeout_s * _waves(ctx)
-    # one round trip: the benchmark, then whether the server outlived it
-    command = f"{command}; code=$?; {alive_check(ctx)}; exit $code"
+    # one round trip: the sampler started, the benchmark, the sampler stopped, whether the server outlived it
+    start, stop = telemetry_shell(ctx, budget)
+    command = f"{start}{command}; code=$?; {stop}{alive_check(ctx)}; exit $code"
     try:
         result = ctx.sh(command, timeout=budget, check=False)
     except RemoteTimeout:

@@ -28,6 +28,7 @@ from harness.plan import RunSpec, Sweep
 from harness.render import BUILTIN_TEMPLATES
 from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomic_write, write_json, write_model
 from harness.results.models import AnalysisRef, Collected
+from harness.results.store import read_telemetry
 from harness.transport.tarpull import TooLarge
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
@@ -194,6 +195,7 @@ class FromFiles:
     facts: dict[str, Any]
     template: dict[str, Any]
     profile: dict[str, Any] | None      # the profile's record, nsys's report looked for
+    telemetry_errors: tuple[str, ...] = ()   # what the sampler could not read (telemetry.jsonl's notes)
 
 
 def read_back(ctx: RunContext) -> FromFiles:
@@ -203,8 +205,12 @@ def read_back(ctx: RunContext) -> FromFiles:
     record = ctx.found.profile
     if record is not None and record.get("status") == "pending":
         record = _nsys_reports(ctx.layout, record)
+    telemetry = read_telemetry(ctx.layout.telemetry)
+    hint = ctx.sweep.engine.metrics_hint
+    errors = tuple(e + (f": {hint}" if hint and "HTTP 404" in e else "")
+                   for e in (telemetry.notes(errors_only=True) if telemetry else ()))
     return FromFiles(log_tail, parse_facts(facts_for(ctx.sweep.engine), ctx.layout.facts),
-                     template_record(ctx.sweep.template), record)
+                     template_record(ctx.sweep.template), record, errors)
 
 
 PROFILE_FIELDS = ("status", "mode", "files", "missing_ranks", "ranks_found", "expected_ranks", "num_steps", "dir",
@@ -245,7 +251,7 @@ def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles
         "facts": files.facts,
         "probe": found.probe,
         "teardown": found.teardown,
-        "warnings": found.warnings,
+        "warnings": found.warnings + [f"telemetry: {e}" for e in files.telemetry_errors],
         "started": started,
         "finished": finished,
         "harness_version": harness.__version__,

@@ -1,17 +1,12 @@
 """Code that runs ON the GPU host, standard library only: the agent (`agent.py`), the benchmark
 client (`bench.py`, its front, and its rooms `exchange.py`, `loop.py`, `workload.py`, `levels.py` and
 `maxload.py`: bench.py's docstring says which holds what) and its statistics (`stats.py`), the
-torch.profiler wrapper (`torchprof.py`), and the `__main__.py` that dispatches to them. They ship as
-one zipapp, `harness.pyz`, built here in memory with bytes that depend on those sources alone,
-uploaded once per connection into a directory named by its sha256, so every run of a sweep uses
-exactly the same bytes. `tool_command` is the one way to build a command line that runs a tool there:
+telemetry sampler (`telemetry.py`) and the text formats it reads (`exposition.py`), the torch.profiler
+wrapper (`torchprof.py`), and the `__main__.py` that dispatches to them. They ship as one zipapp,
+`harness.pyz`, built here in memory with bytes that depend on those sources alone, uploaded once per
+connection into a directory named by its sha256, so every run of a sweep uses exactly the same bytes.
+`tool_command` is the one way to build a command line that runs a tool there:
 `PYTHON TOOLS/harness.pyz agent probe ...`.
-
-The host is shared with other users: everything the harness writes there lives in the workdir, which
-must be the SSH user's own and private (0700, owned by it, writable by no one else); otherwise anyone
-on the host could replace the agent and run code as that user. `install` makes or checks it, resolves
-it to an absolute path (a leading `~/` is the user's home there), uploads the zipapp and checks that
-what landed is byte for byte what was sent.
 """
 
 from __future__ import annotations
@@ -31,12 +26,12 @@ from harness.transport.base import shell_path
 
 ZIPAPP = "harness.pyz"
 PACKAGE = "harness_host"   # the tools' package inside the zipapp: a name no engine's import can meet
-SHIPPED = ("__main__.py", "agent.py", "bench.py", "exchange.py", "levels.py", "loop.py", "maxload.py", "stats.py",
-           "torchprof.py", "workload.py")
+SHIPPED = ("__main__.py", "agent.py", "bench.py", "exchange.py", "exposition.py", "levels.py", "loop.py", "maxload.py",
+           "stats.py", "telemetry.py", "torchprof.py", "workload.py")
 DEFAULT_WORKDIR = "~/.cache/harness"
 _OK, _FOREIGN, _OPEN = "__harness_workdir__", "__harness_workdir_foreign__", "__harness_workdir_open__"
 _EPOCH = (1980, 1, 1, 0, 0, 0)   # the earliest time a zip entry can carry: one for every entry
-_INIT = b'"""The tools of the harness on a GPU host (agent, bench, torchprof), shipped as one zipapp."""\n'
+_INIT = b'"""The tools of the harness on a GPU host (agent, bench, telemetry, torchprof), shipped as one zipapp."""\n'
 _MAIN = f"import sys\n\nfrom {PACKAGE}.__main__ import main\n\nsys.exit(main())\n".encode()
 
 

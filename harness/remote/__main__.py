@@ -3,6 +3,7 @@
     agent SUB ...     the lifecycle steps (agent.py: probe, wait, profile, stop, watch, reap)
     bench ...         the decode benchmark client (bench.py)
     torchprof ...     a Python server under a torch.profiler window (torchprof.py)
+    telemetry ...     the engine's /metrics and nvidia-smi, sampled into a JSON-lines file (telemetry.py)
 
 From a checkout or an installed harness the same runs as `python -m harness.remote TOOL ARGS...`. A tool
 is imported only when it is asked for (`agent probe` never loads the client). Standard library only,
@@ -14,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-TOOLS = ("agent", "bench", "torchprof")
+TOOLS = ("agent", "bench", "torchprof", "telemetry")
 USAGE = f"usage: python harness.pyz {{{','.join(TOOLS)}}} ARGS..."
 
 
@@ -27,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if tool == "bench":
         from . import bench
         return bench.main(rest)
+    if tool == "telemetry":
+        from . import telemetry
+        return telemetry.main(rest)
     if tool == "torchprof":
         from . import torchprof
         sys.argv = [sys.argv[0], *rest]   # torchprof reads its arguments from sys.argv

@@ -111,6 +111,8 @@ def summarize_level(concurrency: int | None, outcomes: Sequence[Outcome],
     level = {
         "concurrency": concurrency, "requests": len(records), "completed": len(ok),
         "failed": len(records) - len(ok), "duration_s": duration_s, "output_tokens": output_tokens,
+        "started_ns": min((o.sent_ns for o in outcomes), default=None),   # the clock of telemetry.jsonl
+        "ended_ns": max((o.end_ns for o in outcomes), default=None),
         "output_tok_s": output_tokens / duration_s if duration_s else None,
         "requests_per_s": len(ok) / duration_s if duration_s else None,
         "token_count_mismatches": sum(r["tokens_from"] == "usage" and r["output_tokens"] != r["chunks"]

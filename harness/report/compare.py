@@ -33,7 +33,7 @@ from rich.text import Text
 from harness.analysis.roofline import format_efficiency, roofline_for
 from harness.errors import InputError
 from harness.remote.stats import STATS
-from harness.report import noise
+from harness.report import noise, telemetry_view
 from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
@@ -232,6 +232,10 @@ def _row(config: str, runs: list[Sample]) -> dict:
     row["analysis"] = _analysis(ok or runs)
     row["time_scale"] = _time_scale(ok or runs)
     row["profile_warning"] = next((w for s in runs if (w := profile_warning(s.manifest))), None)
+    row["telemetry"] = telemetry_view.pooled([
+        telemetry_view.level_summary(s.run.telemetry, s.level.started_ns, s.level.ended_ns)
+        for s in ok if s.level and s.run.telemetry is not None])
+    row["telemetry_notes"] = list(dict.fromkeys(n for s in ok if s.run.telemetry for n in s.run.telemetry.notes()))
     return row
 
 
@@ -420,6 +424,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
     problems += [f"reference missed: {m['message']}" for r in rows for m in r.get("misses") or []]
     if problems:
         parts.append(Text("\n".join(dict.fromkeys(problems)), style="red"))
+    if (telemetry := telemetry_table(rows)) is not None:
+        parts += [Text(""), telemetry]
     kernels = _kernel_table(rows, base)
     if kernels and len(parts) > 1:
         parts.append(Text(""))
@@ -442,6 +448,54 @@ def load_notes(rows: list[dict]) -> str:
         bounds = ", ".join(f"{k} {v:g}" for k, v in m["slo"].items())
         lines.append(f"max load {config} ({m['scenario']}, {bounds}): {max_load_text(m)}")
     return "\n".join(lines)
+
+
+TELEMETRY_COLUMNS = [("running_mean", "run-\nning", "{:.1f}"), ("waiting_max", "wait\nmax", "{:.0f}"),
+                     ("kv_cache_usage_max", "KV\nmax", "pct"), ("prefix_cache_hit_rate", "prefix\nhit", "pct"),
+                     ("spec_acceptance", "spec\naccept", "pct"), ("gpu_sm_clock_mhz", "SM\nMHz", "{:,.0f}"),
+                     ("gpu_power_w", "power\nW", "{:,.0f}"), ("gpu_utilization_pct", "GPU\nutil", "{:.0f}%"),
+                     ("gpu_memory_used_mib", "mem\nGiB", "GiB")]
+"""The telemetry table's columns (telemetry_view's figures): key, header, format; a column shows when
+any row has it."""
+
+
+def _telemetry_cell(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if fmt == "pct":
+        return f"{value * 100:.0f}%"
+    if fmt == "GiB":
+        return f"{value / 1024:.1f}"
+    return fmt.format(value)
+
+
+def telemetry_table(rows: list[dict]) -> Group | None:
+    """Per configuration and level, what the server's /metrics and the GPUs said while it ran (means
+    over the level, maxima where the header says so; the GPUs' power summed); None without any."""
+    shown = [r for r in rows if telemetry_view.has_figures(r.get("telemetry"))]
+    if not shown:
+        notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
+        return Group(Text("telemetry: " + "; ".join(notes), style="yellow")) if notes else None
+    columns = [c for c in TELEMETRY_COLUMNS if any(r["telemetry"].get(c[0]) is not None for r in shown)]
+    t = Table(title="telemetry per level", header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, collapse_padding=True)
+    t.add_column("config", overflow="fold")
+    t.add_column("load" if any(r.get("scenario") for r in shown) else "conc", justify="right", no_wrap=True)
+    for _, label, _ in columns:
+        t.add_column(label, justify="right", no_wrap=True)
+    for r in shown:
+        tm = r["telemetry"]
+        t.add_row(r["config"], load_label(r), *(_telemetry_cell(tm.get(k), f) for k, _, f in columns))
+    notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
+    power = any(k == "gpu_power_w" for k, _, _ in columns)
+    parts: list[RenderableType] = [t, Text("means over each level; KV-cache use and waiting: maxima"
+                                           + ("; power: all GPUs summed" if power else ""), style="dim")]
+    if not all(r["telemetry"].get("bracketed") for r in shown):
+        parts.append(Text("some levels lack a sample before or after them: counters (prefix hits, spec "
+                          "acceptance) left out there", style="yellow"))
+    if notes:
+        parts.append(Text("telemetry: " + "; ".join(notes), style="yellow"))
+    return Group(*parts)
 
 
 class _Widest:
@@ -588,4 +642,22 @@ def as_markdown(rows: list[dict]) -> str:
     note = time_note(rows)
     loads = load_notes(rows)
     return ("\n".join(lines) + "\n" + ("\n" + "\n\n".join(loads.splitlines()) + "\n" if loads else "")
-            + (f"\nNote: {note}.\n" if note else ""))
+            + (f"\nNote: {note}.\n" if note else "")
+            + _telemetry_markdown(rows))
+
+
+def _telemetry_markdown(rows: list[dict]) -> str:
+    """The terminal's telemetry table as markdown ("" without telemetry)."""
+    shown = [r for r in rows if telemetry_view.has_figures(r.get("telemetry"))]
+    if not shown:
+        return ""
+    columns = [c for c in TELEMETRY_COLUMNS if any(r["telemetry"].get(c[0]) is not None for r in shown)]
+    head = ["config", "load" if any(r.get("scenario") for r in shown) else "conc"]
+    head += [label.replace("\n", " ").replace("- ", "") for _, label, _ in columns]
+    lines = ["", "Telemetry per level (means; KV, wait: maxima; power: all GPUs):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in shown:
+        cells = [r["config"], load_label(r)]
+        cells += [_telemetry_cell(r["telemetry"].get(k), f) for k, _, f in columns]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from markupsafe import Markup
 
 from harness.analysis.roofline import format_efficiency
 from harness.errors import tail
-from harness.report import plots, search_view
+from harness.report import plots, search_view, telemetry_view
 from harness.report.analysis_view import short_name
 from harness.report.compare import collect, load_label, load_notes, max_load_text, time_note, winner, winner_text
 from harness.results import RunResult, atomic_write, find_sweeps, load_runs
@@ -36,7 +36,8 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
     colors = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(configs)}
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=_num, pct=_pct, eff=format_efficiency, load=load_label, max_load=max_load_text)
+    env.filters.update(num=_num, pct=_pct, eff=format_efficiency, share=_share, load=load_label,
+                       max_load=max_load_text)
     return env.get_template("report.html.j2").render(
         title=", ".join(s.name for s in sweeps),
         generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -47,6 +48,7 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
                 "failed": sum(r.manifest.status == "failed" for r in runs),
                 "misses": sum(len(r["misses"]) for r in rows)},
         charts=_charts(rows, runs, colors), kernels=_kernels(rows), failures=_failures(runs), hosts=_hosts(runs, rows),
+        telemetry=_telemetry(rows, runs, colors),
         roofline=_roofline_facts(runs, rows), has_roofline=any(r.get("theoretical_ms") for r in rows),
         time_note=time_note(rows),
         load_notes="\n".join(line for line in load_notes(rows).splitlines() if not line.startswith("max load")),
@@ -115,6 +117,56 @@ def _charts(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) -> 
              for name, a in analysed.items()],
             xlabel="share of GPU kernel time" + (" in decode steps" if decode else ""))
     return {k: Markup(v) for k, v in charts.items()}
+
+
+TELEMETRY_CHARTS = (("kv_cache_usage_max", "KV-cache use, most in the level, %", 100.0),
+                    ("gpu_power_w", "GPU power (mean, all GPUs), W", 1.0),
+                    ("gpu_sm_clock_mhz", "SM clock (mean), MHz", 1.0))
+"""The per-level telemetry figures drawn against concurrency: key, axis label, scale."""
+
+
+def _telemetry(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) -> dict | None:
+    """The telemetry section: per level figures (the rows'), charts of them against concurrency, and
+    per configuration the server's running and waiting requests over its first run, levels shaded."""
+    shown = [r for r in rows if telemetry_view.has_figures(r.get("telemetry"))]
+    notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
+    if not shown:
+        return {"rows": [], "charts": {}, "timelines": [], "notes": notes} if notes else None
+    charts = {}
+    for key, label, scale in TELEMETRY_CHARTS:
+        series: dict[str, list] = {}
+        for r in shown:
+            if r["concurrency"] and r["telemetry"].get(key) is not None:
+                series.setdefault(r["config"], []).append((r["concurrency"], r["telemetry"][key] * scale))
+        if series:
+            charts[key] = Markup(plots.line_chart(series, colors, xlabel="concurrency (requests in flight)",
+                                                  ylabel=label))
+    return {"rows": shown, "charts": charts, "timelines": _timelines(runs, colors), "notes": notes}
+
+
+def _timelines(runs: list[RunResult], colors: dict[str, str]) -> list[dict]:
+    """Per configuration (its first ok run with telemetry): running and waiting requests against
+    seconds since the sampler started, each level shaded."""
+    out: dict[str, dict] = {}
+    for run in runs:
+        name, t = run.manifest.config.name, run.telemetry
+        if name in out or not run.manifest.ok or t is None or not run.levels:
+            continue
+        start = min((x.t_ns for x in t.lines), default=0)
+        series: dict[str, list] = {}
+        for metric in t.metrics:
+            if metric.key in ("running", "waiting"):
+                pts = [((s.t_ns - start) / 1e9, v) for s in t.samples("metrics")
+                       if (v := telemetry_view.value_of(s.values, metric)) is not None]
+                if pts:
+                    series[metric.key] = pts
+        bands = [((lv.started_ns - start) / 1e9, (lv.ended_ns - start) / 1e9, f"c{lv.concurrency}")
+                 for lv in run.levels if lv.started_ns is not None and lv.ended_ns is not None]
+        if series:
+            lines = {"running": colors.get(name, plots.PALETTE[0]), "waiting": "#bab0ac"}
+            out[name] = {"config": name, "run_id": run.manifest.run_id, "chart": Markup(plots.time_chart(
+                series, lines, bands=bands, xlabel="seconds since the sampler started", ylabel="requests"))}
+    return list(out.values())
 
 
 def _kernels(rows: list[dict]) -> list[dict]:
@@ -241,6 +293,10 @@ def _num(v) -> str:
     if v is None:
         return "–"
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _share(v) -> str:
+    return "–" if v is None else f"{v * 100:.0f}%"
 
 
 def _pct(change) -> str:

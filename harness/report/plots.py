@@ -1,7 +1,7 @@
-"""Small SVG charts for the HTML report, written by hand: three shapes (lines, box plots, stacked bars)
-need no plotting library, stay a few kilobytes each, render the same in every browser and carry the
-page's fonts. Every function returns one <svg> element as text; sizes are in CSS pixels and the
-viewBox lets the browser scale the chart to the column.
+"""Small SVG charts for the HTML report, written by hand: a few shapes (lines, points, box plots, stacked
+bars, lines over time) need no plotting library, stay a few kilobytes each, render the same in every
+browser and carry the page's fonts. Every function returns one <svg> element as text; sizes are in CSS
+pixels and the viewBox lets the browser scale the chart to the column.
 """
 
 from __future__ import annotations
@@ -206,3 +206,32 @@ def stacked_bars(rows: list[tuple[str, dict[str, float], str]], *, xlabel: str) 
             at += share
         body.append(_text(sx(1) + 6, y + 13, note, "start", "note"))
     return _svg(bottom + 42, body, xlabel)
+
+
+def time_chart(series: dict[str, list[tuple[float, float]]], colors: dict[str, str], *,
+               bands: list[tuple[float, float, str]], xlabel: str, ylabel: str, height: float = 160) -> str:
+    """Lines of y against time in seconds, y from zero, with spans (start, end, label) shaded behind:
+    the benchmark's levels under the server's own counts."""
+    left, right, top = 64, 180, 18
+    xs = [x for pts in series.values() for x, _ in pts] + [b for a, b, _ in bands]
+    xticks = nice_ticks(0, max(xs, default=1))
+    yticks = nice_ticks(0, max((y for pts in series.values() for _, y in pts), default=1) or 1)
+
+    def sx(x: float) -> float:
+        return left + (WIDTH - left - right) * x / xticks[-1]
+
+    def sy(y: float) -> float:
+        return top + height * (1 - y / yticks[-1])
+
+    body = []
+    for a, b, label in bands:
+        body.append(f'<rect class="band" x="{sx(a):.1f}" y="{top}" width="{max(sx(b) - sx(a), 1):.1f}" '
+                    f'height="{height}" fill="#4e79a7" fill-opacity="0.08"><title>{escape(label)}</title></rect>')
+        body.append(_text((sx(a) + sx(b)) / 2, top - 5, label, "middle", "tick"))
+    body += _frame(yticks, xticks, sx, sy, left=left, right=right, top=top, height=height, xlabel=xlabel,
+                   ylabel=ylabel)
+    for i, (name, pts) in enumerate(series.items()):
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(pts))
+        body.append(f'<polyline fill="none" stroke="{colors[name]}" stroke-width="1.5" points="{path}"/>')
+        body += _legend_entry(i, name, colors[name], right=right, top=top)
+    return _svg(top + height + 42, body, f"{ylabel} against {xlabel}")

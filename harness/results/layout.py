@@ -32,6 +32,7 @@ class RunFiles:
     FACTS = "facts"
     BENCH = "bench.json"
     REQUESTS = "requests.jsonl"       # beside bench.json (the benchmark client writes both)
+    TELEMETRY = "telemetry.jsonl"     # the server's /metrics and the GPUs, sampled around the benchmark
     BENCH_PROGRESS = "bench.progress.json"
     PROMPT = "prompt.txt"
     MANIFEST = "manifest.json"
@@ -87,6 +88,7 @@ class RunLayout(_Here):
     server_log = _Named[Path](RunFiles.SERVER_LOG)
     bench = _Named[Path](RunFiles.BENCH)
     requests = _Named[Path](RunFiles.REQUESTS)
+    telemetry = _Named[Path](RunFiles.TELEMETRY)
     analysis = _Named[Path](RunFiles.ANALYSIS)
     profile = _Named[Path](RunFiles.PROFILE)
     facts = _Named[Path](RunFiles.FACTS)
@@ -147,4 +149,5 @@ class HostRunLayout(_Folder[str]):
     facts_dir = _Named[str](RunFiles.FACTS)
     bench_json = _Named[str](RunFiles.BENCH)
     bench_progress = _Named[str](RunFiles.BENCH_PROGRESS)
+    telemetry = _Named[str](RunFiles.TELEMETRY)
     prompt = _Named[str](RunFiles.PROMPT)

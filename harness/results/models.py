@@ -6,6 +6,7 @@
     bench.json      BenchFile      "harness.bench/1" (written on the host by the benchmark client)
     analysis.json   AnalysisFile   "harness.analysis/1"
     search.json     SearchFile     "harness.search/1"
+    telemetry.jsonl TelemetryFile  "harness.telemetry/1" (its start line's; written on the host by the sampler)
 
 Each file's `schema` names its version (docs/formats.md). A reader takes every version it knows and
 keeps the fields it does not name (`extra="allow"`), so a file written by a newer harness still reads
@@ -235,6 +236,8 @@ class BenchLevel(Record):
     failed: int = 0
     duration_s: float | None = None
     output_tokens: int | None = None
+    started_ns: int | None = None                # the level's first send and last end, time.monotonic_ns()
+    ended_ns: int | None = None                  # on the host: the clock of telemetry.jsonl
     output_tok_s: float | None = None
     requests_per_s: float | None = None
     errors: list[Any] = Field(default_factory=list)
@@ -304,6 +307,44 @@ class BenchFile(Versioned):
     random_state: int | None = None
     levels: list[BenchLevel] = Field(default_factory=list)
     max_load: MaxLoadResult | None = None
+
+
+# --- telemetry.jsonl ---------------------------------------------------------------------------------
+
+class TelemetryLine(Record):
+    """One line: `source` start | metrics | gpu | note | stop (a newer sampler may add others); a
+    sample was asked for at `t_ns` and answered at `t_end_ns` (time.monotonic_ns() on the host)."""
+    t_ns: int
+    t_end_ns: int | None = None
+    source: str
+    values: dict[str, Any] = Field(default_factory=dict)
+
+
+class TelemetryMetric(Record):
+    """A /metrics family the sampler kept and what it means (harness.engines.base.Metric)."""
+    key: str
+    family: str
+    kind: str = "gauge"
+    across: str = "sum"
+    breakdown: list[str] = Field(default_factory=list)
+
+
+class TelemetryFile(Versioned):
+    """telemetry.jsonl read whole: the settings of its start line and every line, in file order."""
+    schema_: str = Field("harness.telemetry/1", alias="schema")
+    url: str | None = None
+    interval_s: float | None = None
+    metrics: list[TelemetryMetric] = Field(default_factory=list)
+    lines: list[TelemetryLine] = Field(default_factory=list)
+
+    def samples(self, source: str) -> list[TelemetryLine]:
+        """The lines of one source, by time."""
+        return sorted((x for x in self.lines if x.source == source), key=lambda x: x.t_ns)
+
+    def notes(self, *, errors_only: bool = False) -> list[str]:
+        """What the sampler said went wrong or was missing, each message once."""
+        return list(dict.fromkeys(str(x.values.get("message")) for x in self.lines if x.source == "note"
+                                  and (x.values.get("error") or not errors_only)))
 
 
 # --- analysis.json -----------------------------------------------------------------------------------

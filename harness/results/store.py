@@ -30,6 +30,8 @@ from harness.results.models import (
     RunManifest,
     SearchFile,
     SweepRecord,
+    TelemetryFile,
+    TelemetryLine,
     Versioned,
 )
 
@@ -108,6 +110,10 @@ class RunResult:
         return maybe_read(self.layout.analysis, AnalysisFile)
 
     @cached_property
+    def telemetry(self) -> TelemetryFile | None:
+        return read_telemetry(self.layout.telemetry)
+
+    @cached_property
     def requests(self) -> list[dict[str, Any]]:
         """requests.jsonl's records (a torn last line, or one that is not a record, is left out)."""
         try:
@@ -134,6 +140,35 @@ class RunResult:
         commands = [ln for ln in lines if ln and not ln.startswith("#")]
         execs = [ln.removeprefix("exec ") for ln in commands if ln.startswith("exec ")]
         return execs[-1] if execs else (commands[-1] if commands else None)
+
+
+MAX_TELEMETRY_BYTES = 256 << 20
+"""A telemetry.jsonl larger than this is not read (a day at one sample a second is ~100 MB with 8 GPUs)."""
+
+
+def read_telemetry(path: Path) -> TelemetryFile | None:
+    """telemetry.jsonl as its model: the start line's settings and every line that is one (a torn last
+    line, or one that is no telemetry line, is left out); None when missing, too large or without its
+    start line."""
+    try:
+        if Path(path).stat().st_size > MAX_TELEMETRY_BYTES:
+            return None
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    lines = []
+    for raw in text.splitlines():
+        try:
+            lines.append(TelemetryLine.model_validate(json.loads(raw)))
+        except (ValueError, ValidationError):
+            continue
+    head = next((x for x in lines if x.source == "start"), None)
+    if head is None:
+        return None
+    try:
+        return TelemetryFile.model_validate({**head.values, "lines": lines})
+    except ValidationError:
+        return None
 
 
 def load_run(layout: RunLayout) -> RunResult:

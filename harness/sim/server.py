@@ -29,6 +29,8 @@ from harness.sim.profiler import Reply, SglangProfiler, VllmProfiler, sglang_ran
 
 Profiler = Union[SglangProfiler, VllmProfiler]
 NOT_FOUND = {"detail": "Not Found"}
+KV_POOL_TOKENS = 495616
+"""The KV pool the simulator's startup log reports (both engines), which its KV use is a share of."""
 VLLM_GUARDED = ("/v1", "/v2", "/inference")
 """vLLM 0.26 (entrypoints/serve/utils/server_utils.py GUARDED_PREFIX): only these paths need the key;
 /health, /ping, /metrics and the profiler endpoints do not."""
@@ -85,6 +87,7 @@ class SimServer:
         self.api_keys = flags.api_keys(engine, ns, os.environ)
         self.log = Log(engine)
         self.state = "loading"
+        self.started_wall = time.time()
         self.completed = 0
         self.hung = asyncio.Event()
         self.emit = EmitLog(knobs.emit_log) if knobs.emit_log else None
@@ -357,22 +360,55 @@ class SimServer:
         return value or 202752
 
     def _metrics(self) -> str:
+        """/metrics as the imitated engine writes it (prometheus_client's text format: a counter as
+        NAME_total with NAME_created beside it), with its family names, labels and meanings: vLLM 0.26.0
+        and 0.32.0 `v1/metrics/loggers.py`, SGLang 0.5.23 `srt/observability/metrics_collector.py`. KV
+        use is the running requests' tokens over the KV pool the log reports; the simulator has no
+        prefix cache, so every prompt token is queried and none is a hit."""
         s, name = self.scheduler, self.names[0]
+        held = sum(g.prompt_tokens + g.tokens for g in s.running)
+        usage = min(1.0, held / KV_POOL_TOKENS)
+        created = self.started_wall
         if self.engine == "sglang":
-            label = f'{{model_name="{name}"}}'
-            rows = [("sglang:num_running_reqs", "gauge", len(s.running)),
-                    ("sglang:num_queue_reqs", "gauge", len(s.waiting)),
-                    ("sglang:prompt_tokens_total", "counter", s.prompt_tokens_total),
-                    ("sglang:generation_tokens_total", "counter", s.generation_tokens_total),
-                    ("sglang:num_requests_total", "counter", self.completed)]
+            sched = f'{{engine_type="unified",model_name="{name}",moe_ep_rank="0",pp_rank="0",tp_rank="0"}}'
+            tok = f'{{engine_type="unified",is_streaming="true",model_name="{name}"}}'
+            cached = f'{{cache_source="device",engine_type="unified",model_name="{name}"}}'
+            rows = [("sglang:num_running_reqs", "gauge", "The number of running requests.", sched, len(s.running)),
+                    ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", sched,
+                     len(s.waiting)),
+                    ("sglang:token_usage", "gauge", "The token usage.", sched, usage),
+                    ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", sched, 0.0),
+                    ("sglang:prompt_tokens", "counter", "Number of prefill tokens processed.", tok,
+                     s.prompt_tokens_total),
+                    ("sglang:generation_tokens", "counter", "Number of generation tokens processed.", tok,
+                     s.generation_tokens_total),
+                    ("sglang:cached_tokens", "counter", "Number of cached prompt tokens by source "
+                     "(device/host/storage).", cached, 0),
+                    ("sglang:num_requests", "counter", "Number of requests processed.", tok, self.completed)]
         else:
             label = f'{{engine="0",model_name="{name}"}}'
-            rows = [("vllm:num_requests_running", "gauge", len(s.running)),
-                    ("vllm:num_requests_waiting", "gauge", len(s.waiting)),
-                    ("vllm:prompt_tokens_total", "counter", s.prompt_tokens_total),
-                    ("vllm:generation_tokens_total", "counter", s.generation_tokens_total),
-                    ("vllm:request_success_total", "counter", self.completed)]
-        return "".join(f"# TYPE {n} {kind}\n{n}{label} {float(v)}\n" for n, kind, v in rows)
+            rows = [("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", label,
+                     len(s.running)),
+                    ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", label,
+                     len(s.waiting)),
+                    ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", label, usage),
+                    ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried "
+                     "tokens.", label, s.prompt_tokens_total),
+                    ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+                     label, 0),
+                    ("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine.", label, 0),
+                    ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", label,
+                     s.prompt_tokens_total),
+                    ("vllm:generation_tokens", "counter", "Number of generation tokens processed.", label,
+                     s.generation_tokens_total)]
+        out = []
+        for family, kind, doc, labels, value in rows:
+            sample = f"{family}_total" if kind == "counter" else family
+            out.append(f"# HELP {sample} {doc}\n# TYPE {sample} {kind}\n{sample}{labels} {float(value)!r}\n")
+            if kind == "counter":
+                out.append(f"# HELP {family}_created {doc}\n# TYPE {family}_created gauge\n"
+                           f"{family}_created{labels} {created!r}\n")
+        return "".join(out)
 
     # ---- log lines -------------------------------------------------------------------------
 
@@ -394,7 +430,7 @@ class SimServer:
         if self.engine == "sglang":
             self.log("Load weight end. type=GlmMoeDsaForCausalLM, dtype=torch.bfloat16, avail mem=43.05 GB, "
                      "mem usage=51.38 GB.", rank=True)
-            self.log(f"KV Cache is allocated. #tokens: 495616, KV size: 29.13 GB ({self.ns.kv_cache_dtype})",
+            self.log(f"KV Cache is allocated. #tokens: {KV_POOL_TOKENS}, KV size: 29.13 GB ({self.ns.kv_cache_dtype})",
                      rank=True)
             if graphs:
                 self.log("Capture cuda graph begin. This can take up to several minutes. avail mem=13.20 GB", rank=True)
@@ -402,7 +438,7 @@ class SimServer:
                          rank=True)
         else:
             self.log(f"Loading weights took {self.knobs.startup_s:.2f} seconds", "default_loader.py:267")
-            self.log("GPU KV cache size: 495,616 tokens", "kv_cache_utils.py:1087")
+            self.log(f"GPU KV cache size: {KV_POOL_TOKENS:,} tokens", "kv_cache_utils.py:1087")
             if graphs:
                 self.log("Graph capturing finished in 12 secs, took 1.20 GiB", "gpu_model_runner.py:3480")
 

@@ -148,11 +148,14 @@ def test_the_statistics_need_no_client():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout.replace("'", '"')))
-    assert {m for m in loaded if m.startswith("harness.remote.")} == {"harness.remote.stats"}
-    stats = ast.parse((HERE / "stats.py").read_text())
-    imported = {a.name for n in ast.walk(stats) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module for n in ast.walk(stats) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= {"__future__", "math", "collections.abc"}
+    assert {m for m in loaded if m.startswith("harness.remote.")} == {"harness.remote.stats",
+                                                                       "harness.remote.exposition"}
+    for name, allowed in (("stats.py", {"__future__", "math", "collections.abc"}),
+                          ("exposition.py", {"__future__", "csv", "math", "re", "typing"})):
+        tree = ast.parse((HERE / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert imported <= allowed, name
 
 
 class Tampering(LocalTransport):
