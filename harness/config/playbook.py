@@ -146,6 +146,10 @@ class Scenario(Strict):
                              "one of the two")
         if any(c < 1 for c in self.concurrency or ()) or any(r <= 0 for r in self.request_rate or ()):
             raise ValueError(f"scenario {self.name}: concurrency levels are >= 1 and request rates above 0")
+        short = next((c for c in self.concurrency or () if self.requests is not None and self.requests < c), None)
+        if short is not None:
+            raise ValueError(f"scenario {self.name}: {self.requests} requests never keep {short} streams in flight: "
+                             f"give requests of at least {short} (or leave it out: max(16, 2 x concurrency))")
         return self
 
     @property

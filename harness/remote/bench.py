@@ -196,6 +196,11 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
         index = len(result["levels"])
         sc, c, rate = spec.get("scenario"), spec.get("concurrency"), spec.get("request_rate")
         n: int | None = (sc or {}).get("requests") or requests
+        if probe and n is not None:
+            # a probe's load is the search's, not one the scenario's `requests` was written for: at least
+            # two requests a stream (two seconds of arrivals), or a probe at 128 streams of 32 requests never
+            # has more than 32 in flight (seen on an H200: vLLM 0.26.0 reported 24-32 running)
+            n = max(n, 2 * c) if c is not None else max(n, math.ceil(2 * (rate or 0)))
         count: int | None
         if rate is None:
             assert c is not None   # a level is closed loop or open

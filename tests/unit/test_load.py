@@ -397,3 +397,21 @@ def test_an_slo_without_scenarios_gives_the_single_workloads_levels_their_goodpu
     assert level["slo_met_requests"] == 4 and level["slo_met"] is True
     assert level["goodput_req_s"] == pytest.approx(4 / level["duration_s"])
     assert "scenario" not in level and result["slo"] == {"ttft_ms_p99": 600000, "tpot_ms_p50": 600000}
+
+
+def test_a_probe_sends_at_least_two_requests_a_stream_whatever_the_scenarios_count(counting):
+    """On an H200 (vLLM 0.26.0) a probe at 128 streams of a scenario written with `requests: 32` had at
+    most 32 requests in flight: the search's load must be the load it runs."""
+    scenario = {"name": "s", "input_tokens": 8, "output_tokens": 2, "concurrency": [2], "requests": 4}
+    result = run_benchmark(counting.url, "m", scenarios=[scenario], warmup=0, random_state=1,
+                           search={"scenario": "s", "slo": {"ttft_ms_p99": 600000}, "low": 1, "high": 12,
+                                   "steps": 2})
+    own, *probes = result["levels"]
+    assert own["requests"] == 4 and not own.get("probe")
+    assert [(p["concurrency"], p["requests"]) for p in probes] == [(1, 4), (12, 24)]
+
+
+def test_a_scenario_with_fewer_requests_than_streams_is_refused(tmp_path):
+    with pytest.raises(InputError, match="8 requests never keep 16 streams in flight"):
+        sweep(tmp_path, "benchmark:\n  scenarios:\n    - {name: chat, input_tokens: 8, output_tokens: 2, "
+                        "concurrency: [1, 16], requests: 8}\n")
