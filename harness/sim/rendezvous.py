@@ -10,8 +10,9 @@ Here node 0 listens on the rendezvous port and waits for one `{"hello": rank}` l
 node. It then relays, one JSON line each, what every rank of a real server sees because the ranks
 step together: each forward step (`step`), the profiler's `start` and `stop`, each finished request
 (`completed`, so a fault such as `crash_after` can fire on any node). A node whose link to the others
-closes exits with an error, so when one node dies every node does: the simulator's stand-in for the
-collective that fails (or hangs until the distributed timeout) on a real server.
+closes exits with an error LOST_AFTER_S later, so when one node dies every node does, and after it:
+the simulator's stand-in for the collective that fails (or hangs until the distributed timeout) on a
+real server, where the node that broke goes first, by far.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from typing import Any
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 JOIN_RETRY_S = 0.2
+LOST_AFTER_S = 2.0
+"""Wall seconds between a node's link closing and that node exiting (not scaled: who went first is
+told by the time each exited, and a real server's survivors outlive the node that broke by far more)."""
 
 
 def endpoint(engine: str, ns: Any) -> tuple[str, int] | None:
@@ -41,10 +45,16 @@ def endpoint(engine: str, ns: Any) -> tuple[str, int] | None:
 
 
 def lost(message: str) -> None:
-    """A node's link to the others closed: the process ends, as a rank does when its group is gone."""
+    """The process ends, as a rank does when its group is gone."""
     sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR {message}\n")
     sys.stderr.flush()
     os._exit(1)
+
+
+async def lost_later(message: str) -> None:
+    """A node's link to the others closed: it fails its next collective, LOST_AFTER_S from now."""
+    await asyncio.sleep(LOST_AFTER_S)
+    lost(message)
 
 
 class Head:
@@ -81,7 +91,7 @@ class Head:
                 pass
         except ConnectionError:
             pass
-        lost(f"node {rank} left the group (its connection to node 0 closed): stopping")
+        await lost_later(f"node {rank} left the group (its connection to node 0 closed): stopping")
 
     def send(self, message: dict[str, Any]) -> None:
         line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
@@ -125,4 +135,4 @@ async def follow(reader: asyncio.StreamReader, rank: int, handle: Handler) -> No
                 await handle(message)
     except ConnectionError:
         pass
-    lost(f"node {rank} lost node 0 (its connection closed): stopping")
+    await lost_later(f"node {rank} lost node 0 (its connection closed): stopping")

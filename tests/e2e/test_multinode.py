@@ -1,0 +1,155 @@
+"""One server across two hosts: network namespaces that reach one another, a real sshd in each, the
+engines' own adapters and templates, and the simulator's rendezvous behind them (node 0 is healthy only
+once node 1 joined; when one node dies, every node does).
+
+What must hold: the run is ok, benchmarked on node 0, with traces from both nodes in its profile/;
+teardown leaves nothing of ours running on either host; a node 1 that dies mid-benchmark fails the
+run as server_died naming node 1; a playbook asking more nodes than hosts is refused before any host
+is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import harness
+from tests.e2e.test_sweep import FAST, manifests, sweep_dir
+from tests.netns import netns_hosts
+from tests.remote_venv import make_remote_venv
+
+pytestmark = pytest.mark.e2e
+PORT = 30777
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with netns_hosts(2, tmp_path_factory.mktemp("multinode"), routed=True) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    return make_remote_venv(tmp_path_factory.mktemp("multinode-venv") / "venv")
+
+
+def write_inventory(path: Path, hosts, venv: Path) -> Path:
+    path.write_text(yaml.safe_dump({"all": {"children": {"gpu": {"vars": {"venv": str(venv)}, "hosts": {
+        h.name: {"address": h.address, "port": h.sshd.port, "user": h.sshd.user,
+                 "identity_file": str(h.sshd.client_key), "known_hosts": str(h.sshd.known_hosts),
+                 "workdir": str(h.workdir)} for h in hosts}}}}}))
+    return path
+
+
+def write_playbook(path: Path, engine: str, *, nodes: int = 2, env: dict | None = None, **benchmark) -> Path:
+    tp = "tp-size" if engine == "sglang" else "tensor-parallel-size"
+    path.write_text(yaml.safe_dump({
+        "name": f"multinode-{engine}", "hosts": "gpu", "engine": engine,
+        "model": {"path": "/models/tiny", "served_name": "tiny"},
+        "server": {"port": PORT, "host": "0.0.0.0", "env": {**FAST, **(env or {})}, "startup_timeout_s": 60},
+        "configs": [{"name": "tp2", "nodes": nodes, "args": {tp: 2}}],
+        "benchmark": {"prompt": "hello there", "max_tokens": 12, "concurrency": [1, 2], "requests": 4,
+                      "warmup": 1, "timeout_s": 60, **benchmark},
+        "profile": {"mode": "engine", "num_steps": 3, "timeout_s": 60}}))
+    return path
+
+
+def ours_running(host) -> list[str]:
+    """The command lines of every process in the host's namespace but its sshd and that sshd's sessions."""
+    pids = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "harness" in cmdline or "sglang" in cmdline or "vllm" in cmdline:
+            found.append(cmdline.strip())
+    return found
+
+
+def listening(host, port: int) -> bool:
+    done = subprocess.run(["ip", "netns", "exec", host.netns, "ss", "-Hltn", f"sport = :{port}"],
+                          capture_output=True, text=True)
+    return bool(done.stdout.strip())
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_server_on_two_hosts_is_measured_profiled_on_both_and_torn_down_on_both(tmp_path, hosts, venv,
+                                                                                 engine):
+    results = tmp_path / "r"
+    run = harness("sweep", write_playbook(tmp_path / "pb.yaml", engine), "-i",
+                  write_inventory(tmp_path / "inv.yaml", hosts, venv), "-o", results)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (m,) = manifests(results).values()
+    assert m["status"] == "ok", m["error"]
+    head, peer = hosts
+    assert m["host"]["name"] == head.name
+    assert [(n["rank"], n["host"], n["dir"], n["profile_dir"]) for n in m["nodes"]] == [
+        (0, head.name, ".", "profile"), (1, peer.name, "nodes/node1", "profile/node1")]
+    assert m["nodes"][0]["address"] == head.address
+    d = sweep_dir(results) / "runs" / "tp2-1"
+    # the benchmark ran on node 0, against a server that waited for node 1
+    bench = json.loads((d / "bench.json").read_text())
+    assert all(lv["completed"] == 4 and lv["failed"] == 0 for lv in bench["levels"])
+    launch0, launch1 = (d / "launch.sh").read_text(), (d / "nodes" / "node1" / "launch.sh").read_text()
+    assert "--node-rank 0" in launch0 and "--node-rank 1" in launch1
+    assert ("--headless" in launch1) == (engine == "vllm") and "--headless" not in launch0
+    log1 = (d / "nodes" / "node1" / "server.log").read_text()
+    assert "joined node 0" in log1, log1[-2000:]
+    assert "node 1 joined" in (d / "server.log").read_text()
+    # one rank's trace from each node, node 1's under profile/node1/, and the profile counts both
+    assert m["profile"]["status"] == "ok" and m["profile"]["ranks_found"] == 2, m["profile"]
+    rank = "-TP-{}" if engine == "sglang" else "rank{}."
+    top = [p.name for p in (d / "profile").glob("*.json.gz")]
+    below = [p.name for p in (d / "profile" / "node1").glob("*.json.gz")]
+    assert len(top) == 1 and rank.format(0) in top[0], top
+    assert len(below) == 1 and rank.format(1) in below[0], below
+    assert {f["name"] for f in m["profile"]["files"] if f["rank"]} == {top[0], f"node1/{below[0]}"}
+    assert m["collected"]["sha256"].keys() >= {"server.log", "nodes/node1/server.log", f"profile/node1/{below[0]}"}
+    analysis = json.loads((d / "analysis.json").read_text())
+    assert len(analysis["ranks"]) == 2, analysis.keys()
+    # torn down on both: no process of ours and no port open on either host, no run folder left
+    for host in hosts:
+        assert ours_running(host) == [], host.name
+        assert not listening(host, PORT)
+        assert not list(host.workdir.glob(f"{sweep_dir(results).name}/tp2-1"))
+
+
+def test_node_1_dying_mid_benchmark_fails_the_run_as_server_died_naming_node_1(tmp_path, hosts, venv):
+    # node 1's ranks crash after the third request node 0 finished (the fault fires on node 1 only)
+    env = {"HARNESS_SIM_FAULT": "{{ 'crash_after=3' if node_rank == 1 else '' }}"}
+    results = tmp_path / "r"
+    run = harness("sweep", write_playbook(tmp_path / "pb.yaml", "sglang", env=env, requests=8), "-i",
+                  write_inventory(tmp_path / "inv.yaml", hosts, venv), "-o", results, "--retries", "0")
+    assert run.returncode == 1, run.stdout + run.stderr
+    (m,) = manifests(results).values()
+    head, peer = hosts
+    assert m["status"] == "failed" and m["error"]["kind"] == "server_died", m["error"]
+    message = m["error"]["message"]
+    assert f"the server on node 1 ({peer.name}) died during the benchmark" in message, message
+    assert "illegal memory access" in m["error"]["log_tail"]   # node 1's log, not node 0's
+    d = sweep_dir(results) / "runs" / "tp2-1"
+    assert "illegal memory access" in (d / "nodes" / "node1" / "server.log").read_text()
+    assert [n["host"] for n in m["nodes"]] == [head.name, peer.name]
+    for host in hosts:
+        assert ours_running(host) == [], host.name
+        assert not listening(host, PORT)
+
+
+def test_more_nodes_than_hosts_is_refused_before_any_host_is_touched(tmp_path, hosts, venv):
+    before = [sorted(h.workdir.rglob("*")) for h in hosts]
+    logs = [h.sshd.log.read_text() if h.sshd.log.exists() else "" for h in hosts]
+    results = tmp_path / "r"
+    run = harness("sweep", write_playbook(tmp_path / "pb.yaml", "sglang", nodes=3), "-i",
+                  write_inventory(tmp_path / "inv.yaml", hosts, venv), "-o", results)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "configuration tp2: a server on 3 hosts" in run.stderr and "configs.0.nodes" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not results.exists()
+    assert [sorted(h.workdir.rglob("*")) for h in hosts] == before
+    assert [h.sshd.log.read_text() if h.sshd.log.exists() else "" for h in hosts] == logs
