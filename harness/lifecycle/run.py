@@ -233,7 +233,8 @@ def resolved_playbook(ctx: RunContext) -> dict:
     config = ctx.run.config.model_dump(mode="json")
     pb["server"]["env"] = sweep.redactor.env(pb["server"]["env"], sweep.secret_names)
     config["env"] = sweep.redactor.env(config["env"], sweep.secret_names)
-    return pb | {"hosts": ctx.host.name, "configs": [config], "repeat": 1, "placement": "pool"}
+    hosts = ",".join(n.host.name for n in ctx.nodes)   # a server on several hosts: every node's, node 0 first
+    return pb | {"hosts": hosts, "configs": [config], "repeat": 1, "placement": "pool"}
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,15 @@ PORT = 30777
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    with netns_hosts(2, tmp_path_factory.mktemp("multinode"), routed=True) as made:
+def three(tmp_path_factory):
+    with netns_hosts(3, tmp_path_factory.mktemp("multinode"), routed=True) as made:
         yield made
+
+
+@pytest.fixture
+def hosts(three):
+    """The two hosts most tests give the playbook."""
+    return three[:2]
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +51,14 @@ def write_inventory(path: Path, hosts, venv: Path) -> Path:
     return path
 
 
-def write_playbook(path: Path, engine: str, *, nodes: int = 2, env: dict | None = None, **benchmark) -> Path:
+def write_playbook(path: Path, engine: str, *, nodes: int = 2, env: dict | None = None, configs=None,
+                   **benchmark) -> Path:
     tp = "tp-size" if engine == "sglang" else "tensor-parallel-size"
     path.write_text(yaml.safe_dump({
         "name": f"multinode-{engine}", "hosts": "gpu", "engine": engine,
         "model": {"path": "/models/tiny", "served_name": "tiny"},
         "server": {"port": PORT, "host": "0.0.0.0", "env": {**FAST, **(env or {})}, "startup_timeout_s": 60},
-        "configs": [{"name": "tp2", "nodes": nodes, "args": {tp: 2}}],
+        "configs": configs or [{"name": "tp2", "nodes": nodes, "args": {tp: 2}}],
         "benchmark": {"prompt": "hello there", "max_tokens": 12, "concurrency": [1, 2], "requests": 4,
                       "warmup": 1, "timeout_s": 60, **benchmark},
         "profile": {"mode": "engine", "num_steps": 3, "timeout_s": 60}}))
@@ -153,3 +160,26 @@ def test_more_nodes_than_hosts_is_refused_before_any_host_is_touched(tmp_path, h
     assert not results.exists()
     assert [sorted(h.workdir.rglob("*")) for h in hosts] == before
     assert [h.sshd.log.read_text() if h.sshd.log.exists() else "" for h in hosts] == logs
+
+
+def test_two_runs_on_two_nodes_each_and_one_on_one_share_three_hosts_without_holding_any_twice(tmp_path, three,
+                                                                                             venv):
+    """Runs on several hosts take theirs all at once: with three hosts, two 2-node runs cannot each
+    hold half of what they need, every run finishes, and no host serves two runs at the same time."""
+    configs = [{"name": "a", "nodes": 2, "args": {"tp-size": 2}}, {"name": "b", "nodes": 2, "args": {"tp-size": 2}},
+               {"name": "c", "args": {"tp-size": 1}}]
+    results = tmp_path / "r"
+    run = harness("sweep", write_playbook(tmp_path / "pb.yaml", "sglang", configs=configs), "-i",
+                  write_inventory(tmp_path / "inv.yaml", three, venv), "-o", results, timeout=400)
+    assert run.returncode == 0, run.stdout + run.stderr
+    runs = manifests(results)
+    assert {r: m["status"] for r, m in runs.items()} == {"a-1": "ok", "b-1": "ok", "c-1": "ok"}
+    held = {r: [n["host"] for n in m["nodes"]] or [m["host"]["name"]] for r, m in runs.items()}
+    assert sorted(len(h) for h in held.values()) == [1, 2, 2] and all(len(set(h)) == len(h) for h in held.values())
+    spans = {r: (m["started"], m["finished"]) for r, m in runs.items()}
+    for r, s in spans.items():
+        for o, t in spans.items():
+            if r < o and set(held[r]) & set(held[o]):
+                assert s[1] <= t[0] or t[1] <= s[0], f"{r} and {o} held {set(held[r]) & set(held[o])} at once"
+    for host in three:
+        assert ours_running(host) == [], host.name
