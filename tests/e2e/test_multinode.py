@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from tests.conftest import harness
-from tests.e2e.test_vllm_cpu import VENV as VLLM_VENV
 from tests.e2e.test_sweep import FAST, manifests, sweep_dir
+from tests.e2e.test_vllm_cpu import VENV as VLLM_VENV
 from tests.netns import netns_hosts
 from tests.remote_venv import make_remote_venv
 

@@ -177,3 +177,54 @@ def test_a_matrix_keeps_the_nodes_of_its_configurations(tmp_path, inventory):
 def test_one_host_renders_no_multinode_flag(tmp_path, inventory):
     script = node_scripts(playbook_with(tmp_path, "  - {name: one, args: {tp-size: 8}}\n"), inventory)["one", 0]
     assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(shlex.split(script))
+
+
+# -- the pool: a run on several hosts takes them all at once ---------------------------------------
+
+def scheduler(tmp_path: Path, configs: str):
+    """An executor over four local hosts (none is connected: only the choice of hosts is exercised)."""
+    from harness.executor import Executor
+    inventory = tmp_path / "local.yaml"
+    inventory.write_text("all:\n  hosts:\n" + "".join(
+        f"    {h}: {{transport: local, venv: /opt/venv, workdir: {tmp_path / h}}}\n" for h in "abcd"))
+    playbook = tmp_path / "pool.yaml"
+    playbook.write_text(f"name: pool\nhosts: all\nengine: sim\nmodel: {{path: m}}\nconfigs:\n{configs}")
+    executor = Executor(load_sweep(playbook, inventory), tmp_path / "results")
+    return executor, executor.pool.states
+
+
+def taken(executor, state) -> tuple[str, list[str]]:
+    spec = executor._take(state)
+    return spec.run_id, [p.host.name for p in executor.peers.get(spec.run_id, [])]
+
+
+def test_a_run_on_several_hosts_takes_free_ones_together_and_the_runs_behind_it_wait(tmp_path):
+    executor, hosts = scheduler(tmp_path, "  - {name: x, nodes: 3}\n  - {name: y, nodes: 3}\n  - {name: z}\n")
+    assert taken(executor, hosts["a"]) == ("x-1", ["b", "c"])
+    assert executor.busy == {"a", "b", "c"}
+    # d alone cannot start y (three hosts), and z behind y does not pass it: nothing is half-held
+    assert executor._free_peers(executor.todo[0], hosts["d"]) is None
+    executor.stop.set()                      # _take returns at once instead of waiting for a release
+    assert executor._take(hosts["d"]) is None and [s.run_id for s in executor.todo] == ["y-1", "z-1"]
+    executor.stop.clear()
+    executor._release(next(s for s in executor.sweep.runs if s.run_id == "x-1"))   # x done: its hosts free
+    executor._free(hosts["a"])
+    assert executor.busy == set()
+    assert taken(executor, hosts["d"]) == ("y-1", ["a", "b"])
+    assert taken(executor, hosts["c"]) == ("z-1", [])
+    assert executor.busy == {"a", "b", "c", "d"}
+
+
+def test_a_host_serving_as_another_runs_node_takes_nothing_until_released(tmp_path):
+    executor, hosts = scheduler(tmp_path, "  - {name: x, nodes: 2}\n  - {name: z}\n")
+    assert taken(executor, hosts["a"]) == ("x-1", ["b"])
+    executor.stop.set()
+    assert executor._take(hosts["b"]) is None      # b is x's node 1: z goes elsewhere
+    executor.stop.clear()
+    assert taken(executor, hosts["c"]) == ("z-1", [])
+
+
+def test_dead_hosts_are_never_taken_as_nodes(tmp_path):
+    executor, hosts = scheduler(tmp_path, "  - {name: x, nodes: 3}\n")
+    hosts["b"].dead = True
+    assert taken(executor, hosts["a"]) == ("x-1", ["c", "d"])
