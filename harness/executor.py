@@ -340,7 +340,8 @@ class Executor:
                 node.sh(f"rm -rf {shlex.quote(node.paths.root)}", timeout=120, check=False)
         with self.lock:
             self.in_flight[spec.run_id] = ctx
-        self.journal.append(spec.run_id, "running", host=host.name, attempt=attempt)
+        self.journal.append(spec.run_id, "running", host=host.name, attempt=attempt,
+                            nodes=[n.host.name for n in ctx.nodes] if ctx.peers else None)
         try:
             manifest = execute(ctx)
         except Exception as e:  # our own bug inside the run: recorded, its server stopped, the sweep goes on
@@ -408,8 +409,9 @@ class Executor:
                     pass  # journaled as finished but its manifest is gone: run it again
             last = states.get(spec.run_id)
             where = last.host if last is not None and last.state in ("running", "interrupted") else None
-            if where is not None and where in self.pool:
-                self._reconcile(spec, self.pool[where].host)
+            for name in (last.nodes or [where]) if last is not None and where is not None else []:
+                if name in self.pool:   # every node of a run on several hosts
+                    self._reconcile(spec, self.pool[name].host)
             shutil.rmtree(layout.dir, ignore_errors=True)
             todo.append(spec)
         for run_id in plan.removed:
@@ -471,7 +473,8 @@ class Executor:
                     self.events.log(f"[{node.host.name}] could not stop {ctx.run.run_id}: {e}")
             with self.lock:
                 self.torn_down.add(ctx.run.run_id)
-            self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name)
+            self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name,
+                                nodes=[n.host.name for n in ctx.nodes] if ctx.peers else None)
 
     def _write_sweep_json(self, finished: float | None) -> None:
         before = read_sweep(self.layout) if self.kept_runs else None

@@ -206,6 +206,7 @@ class JournalEvent(Record):
     attempts: int | None = None
     error_kind: str | None = None
     reason: str | None = None
+    nodes: list[str] | None = None               # a run on several hosts: every node's host, node 0 first
 
     def line(self) -> str:
         return self.model_dump_json(exclude_none=True)

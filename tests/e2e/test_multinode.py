@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import harness
+from tests.e2e.test_faults import journal, wait_until
 from tests.e2e.test_sweep import FAST, manifests, sweep_dir
 from tests.e2e.test_vllm_cpu import VENV as VLLM_VENV
 from tests.netns import netns_hosts
@@ -79,6 +81,11 @@ def ours_running(host) -> list[str]:
         if "harness" in cmdline or "sglang" in cmdline or "vllm" in cmdline:
             found.append(cmdline.strip())
     return found
+
+
+def ours_serving(host) -> list[str]:
+    """The simulated servers running in the host's namespace (not the tools the harness runs there)."""
+    return [c for c in ours_running(host) if "harness.sim" in c or "launch_server" in c or "vllm serve" in c]
 
 
 def listening(host, port: int) -> bool:
@@ -151,6 +158,33 @@ def test_node_1_dying_mid_benchmark_fails_the_run_as_server_died_naming_node_1(t
     for host in hosts:
         assert ours_running(host) == [], host.name
         assert not listening(host, PORT)
+
+
+def test_a_killed_orchestrator_leaves_no_node_running_and_resume_finishes_the_run(tmp_path, hosts, venv):
+    """Each node has a watchdog of its own: with the orchestrator SIGKILLed while both nodes serve,
+    each stops its server once its lease lapses; `--resume` then stops what is left on every node
+    (the journal names them) and runs the run again."""
+    pb = write_playbook(tmp_path / "pb.yaml", "sglang", env={"HARNESS_SIM_TIME_SCALE": "0.3"}, requests=20)
+    inv, results = write_inventory(tmp_path / "inv.yaml", hosts, venv), tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i", str(inv), "-o", str(results),
+                             "--lease", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: listening(hosts[0], PORT) and bool(ours_serving(hosts[1])), 120), \
+            proc.communicate(timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+    for host in hosts:   # both watchdogs, each on its own host
+        assert wait_until(lambda h=host: not ours_serving(h), 60), (host.name, ours_serving(host))
+    (running,) = [e for e in journal(results) if e["state"] == "running"]
+    assert running["nodes"] == [h.name for h in hosts]
+    watchdog1 = next(hosts[1].workdir.glob("*/tp2-1/watchdog.log")).read_text()
+    assert "not renewed" in watchdog1, watchdog1
+    run = harness("sweep", pb, "-i", inv, "-o", results, "--resume", "--lease", "4", timeout=400)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [m["status"] for m in manifests(results).values()] == ["ok"]
+    for host in hosts:
+        assert ours_running(host) == [], host.name
 
 
 def test_more_nodes_than_hosts_is_refused_before_any_host_is_touched(tmp_path, hosts, venv):
