@@ -211,6 +211,7 @@ class Executor:
             self.held -= 1
             for peer in self.peers.pop(spec.run_id, []):
                 self.busy.discard(peer.host.name)
+                self.events.host(peer.host.name, "idle")
             self.changed.notify_all()
 
     def _free(self, state: HostState) -> None:
@@ -332,8 +333,12 @@ class Executor:
         if len(nodes) < spec.nodes:
             raise RemoteError(f"{spec.nodes - len(nodes)} of the run's hosts lost their connection before "
                               "it started", host=host.name, kind=Kind.UNREACHABLE)
-        ctx = RunContext.of(self.sweep, spec, nodes, layout, lease_s=self.lease_s,
-                            on_phase=lambda p: self.events.phase(host.name, spec.run_id, p))
+        def on_phase(phase: str) -> None:   # every node's host is in the run's phase
+            self.events.phase(host.name, spec.run_id, phase)
+            for rank, node in enumerate(nodes[1:], 1):
+                self.events.phase(node.host.name, spec.run_id, f"{phase} (node {rank})")
+
+        ctx = RunContext.of(self.sweep, spec, nodes, layout, lease_s=self.lease_s, on_phase=on_phase)
         ctx.found.attempt = attempt
         if attempt > 1:
             for node in ctx.nodes:
