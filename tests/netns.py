@@ -91,7 +91,7 @@ class NetnsHost:
 
     def forward(self) -> None:
         """Let this side forward packets that arrive on this host's veth (and only on it)."""
-        subprocess.run(["sysctl", "-q", "-w", f"net.ipv4.conf.{self.veth}.forwarding=1"], check=True)
+        Path(f"/proc/sys/net/ipv4/conf/{self.veth}/forwarding").write_text("1\n")
 
     def host_spec(self, name: str | None = None, **overrides) -> HostSpec:
         return self.sshd.host_spec(name or self.name, **overrides)
