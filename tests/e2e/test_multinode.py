@@ -116,7 +116,6 @@ def test_a_server_on_two_hosts_is_measured_profiled_on_both_and_torn_down_on_bot
     launch0, launch1 = (d / "launch.sh").read_text(), (d / "nodes" / "node1" / "launch.sh").read_text()
     assert "--node-rank 0" in launch0 and "--node-rank 1" in launch1
     assert ("--headless" in launch1) == (engine == "vllm") and "--headless" not in launch0
-    assert m["phases"]["bench"]["seconds"] + m["phases"]["profile"]["seconds"] > 4   # outlived a lease
     assert "not renewed" not in (d / "nodes" / "node1" / "watchdog.log").read_text()
     log1 = (d / "nodes" / "node1" / "server.log").read_text()
     assert "joined node 0" in log1, log1[-2000:]
@@ -178,7 +177,7 @@ def test_a_killed_orchestrator_leaves_no_node_running_and_resume_finishes_the_ru
         assert wait_until(lambda h=host: not ours_serving(h), 60), (host.name, ours_serving(host))
     (running,) = [e for e in journal(results) if e["state"] == "running"]
     assert running["nodes"] == [h.name for h in hosts]
-    watchdog1 = next(hosts[1].workdir.glob("*/tp2-1/watchdog.log")).read_text()
+    watchdog1 = (hosts[1].workdir / sweep_dir(results).name / "tp2-1" / "watchdog.log").read_text()
     assert "not renewed" in watchdog1, watchdog1
     run = harness("sweep", pb, "-i", inv, "-o", results, "--resume", "--lease", "4", timeout=400)
     assert run.returncode == 0, run.stdout + run.stderr

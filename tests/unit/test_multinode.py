@@ -228,3 +228,17 @@ def test_dead_hosts_are_never_taken_as_nodes(tmp_path):
     executor, hosts = scheduler(tmp_path, "  - {name: x, nodes: 3}\n")
     hosts["b"].dead = True
     assert taken(executor, hosts["a"]) == ("x-1", ["c", "d"])
+
+
+def test_every_nodes_lease_is_renewed_by_its_own_hosts_heartbeat(tmp_path):
+    from harness.lifecycle.context import Node, RunContext
+    executor, hosts = scheduler(tmp_path, "  - {name: x, nodes: 2}\n")
+    spec = executor.sweep.runs[0]
+    ctx = RunContext.of(executor.sweep, spec, [Node(hosts["a"].host, None), Node(hosts["b"].host, None)],
+                        executor.layout.run(spec.run_id))
+    executor.in_flight[spec.run_id] = ctx
+    (beat_a,), (beat_b,) = executor._beats("a"), executor._beats("b")
+    assert beat_a.lease == f"{tmp_path / 'a'}/{executor.sweep.sweep_id}/x-1/lease"
+    assert beat_b.lease == f"{tmp_path / 'b'}/{executor.sweep.sweep_id}/x-1/lease"
+    assert executor._beats("c") == []
+    assert ctx.peers[0].local_dir == executor.layout.run("x-1").dir / "nodes" / "node1"
