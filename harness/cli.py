@@ -201,6 +201,11 @@ def _print_plan(sw, format: str) -> None:
     # pool runs are shown on the host they would take if every run took as long as the others
     entries = []
     for i, run in enumerate(sw.runs):
+        if run.nodes > 1:   # a server on several hosts: each node's script, on the run's first hosts
+            nodes = run.hosts[:run.nodes]
+            entries += [{"run_id": run.run_id, "host": host.name, "config": run.config.name, "node": rank,
+                         "script": sw.render(run, host, nodes).script} for rank, host in enumerate(nodes)]
+            continue
         host = run.hosts[i % len(run.hosts)]
         entries.append({"run_id": run.run_id, "host": host.name, "config": run.config.name,
                         "script": sw.render(run, host).script})

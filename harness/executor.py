@@ -9,6 +9,10 @@
   server_died) is tried again with exponential backoff and jitter (tenacity); host-key and auth
   failures never are. Hosts (connecting, backoff, setting aside, leases) are `harness.hosts`.
 - `--deadline` stops starting runs; Ctrl-C and SIGTERM stop every running server before exiting.
+- A run on several hosts (`nodes: N`) starts only when N of its hosts are free at once: its worker's
+  host is node 0 and the others are taken with it in one step, never one by one, so two such runs
+  waiting for hosts cannot hold half of them each. Runs start in order: one waiting for its hosts is
+  not passed by the runs behind it (which would keep its hosts busy forever).
 
 The executor knows no terminal: it tells `events` (the live display implements them), and it takes
 `connect`, so a test can hand it a transport that fails on cue.
@@ -31,11 +35,11 @@ from typing import Protocol
 import tenacity
 
 from harness.config.inventory import Host
-from harness.errors import HarnessError, Kind
+from harness.errors import HarnessError, Kind, RemoteError
 from harness.events import Events, Quiet
-from harness.hosts import Beat, Connect, HostPool, HostState, internal_text
+from harness.hosts import HOST_BACKOFF_S, Beat, Connect, HostPool, HostState, internal_text
 from harness.journal import Journal, latest_states
-from harness.lifecycle.context import RunContext
+from harness.lifecycle.context import Node, RunContext
 from harness.lifecycle.run import analyze, execute, needs_analysis, unrun_manifest
 from harness.lifecycle.server import stop_command
 from harness.lock import SweepLock
@@ -118,6 +122,8 @@ class Executor:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)   # the queue changed, or a held run was released
         self.held = 0                                   # runs a worker took and has not released
+        self.busy: set[str] = set()                     # hosts running a run (as node 0 or another node)
+        self.peers: dict[str, list[HostState]] = {}     # run id -> the other nodes of a run on several hosts
         self.torn_down: set[str] = set()                # runs the interrupt stopped and journaled
         # the traces' analysis is CPU work here: one at a time, while the host runs its next run
         self.analyses = ThreadPoolExecutor(max_workers=1, thread_name_prefix="analysis")
@@ -172,28 +178,47 @@ class Executor:
         return self.outcome
 
     def _beats(self, host: str) -> list[Beat]:
+        """Every node's lease on `host` (each node of a run on several hosts has its own watchdog)."""
         with self.lock:
-            return [Beat(c.run.run_id, c.paths.lease, c.paths.bench_progress)
-                    for c in self.in_flight.values() if c.host.name == host]
+            return [Beat(c.run.run_id, n.paths.lease, n.paths.bench_progress)
+                    for c in self.in_flight.values() for n in c.nodes if n.host.name == host]
 
     def _take(self, state: HostState) -> RunSpec | None:
-        """The next run this host may take; None when there is none and none can come back (a run
-        another worker holds may: its host may be lost), or when no more may start."""
+        """The next run this host may take (the other hosts of a run on several taken with it, in
+        `self.peers`); None when there is none and none can come back (a run another worker holds may:
+        its host may be lost), or when no more may start."""
         with self.changed:
             while not self.stop.is_set() and not (self.deadline and dt.datetime.now() >= self.deadline):
-                for i, spec in enumerate(self.todo):
-                    if any(h.name == state.host.name for h in spec.hosts):
-                        self.held += 1
-                        return self.todo.pop(i)
-                if self.source is not None and (grown := self.source.next()) is not None:
-                    self.sweep.runs.append(grown)
-                    self.journal.append(grown.run_id, "pending", config=grown.config.name)
+                for i, spec in enumerate(self.todo if state.host.name not in self.busy else []):
+                    if not any(h.name == state.host.name for h in spec.hosts):
+                        continue
+                    peers = self._free_peers(spec, state)
+                    if peers is None:
+                        break   # in order: the runs behind one waiting for its hosts wait too
                     self.held += 1
-                    return grown
+                    self.busy |= {state.host.name, *(p.host.name for p in peers)}
+                    if peers:
+                        self.peers[spec.run_id] = peers
+                    return self.todo.pop(i)
+                if (self.source is not None and not self.todo and state.host.name not in self.busy
+                        and (grown := self.source.next()) is not None):
+                    self.sweep.runs.append(grown)   # a search's next trial: taken as any waiting run is
+                    self.journal.append(grown.run_id, "pending", config=grown.config.name)
+                    self.todo.append(grown)
+                    continue
                 if not self.held:
                     return None
                 self.changed.wait(1.0)
         return None
+
+    def _free_peers(self, spec: RunSpec, state: HostState) -> list[HostState] | None:
+        """The other nodes a run needs, when enough of its hosts are free now (in inventory order);
+        [] for a run on one host; None: not now."""
+        if spec.nodes == 1:
+            return []
+        free = [self.pool[h.name] for h in spec.hosts if h.name != state.host.name
+                and h.name not in self.busy and not self.pool[h.name].dead]
+        return free[:spec.nodes - 1] if len(free) >= spec.nodes - 1 else None
 
     def _release(self, spec: RunSpec, *, give_back: bool = False) -> None:
         """The worker is done with `spec`: finished, or handed back for any host to take."""
@@ -201,19 +226,40 @@ class Executor:
             if give_back:
                 self.todo.insert(0, spec)
             self.held -= 1
+            for peer in self.peers.pop(spec.run_id, []):
+                self.busy.discard(peer.host.name)
+                self.events.host(peer.host.name, "idle")
             self.changed.notify_all()
+
+    def _free(self, state: HostState) -> None:
+        with self.changed:
+            self.busy.discard(state.host.name)
+            self.changed.notify_all()
+
+    def _open_peers(self, spec: RunSpec) -> bool:
+        """Connect the other nodes of a run that are not connected yet; False (each failure counted
+        against its host, as for any host) when one cannot be."""
+        return all(p.transport is not None or self.pool.open(p) for p in self.peers.get(spec.run_id, []))
 
     def _worker(self, state: HostState) -> None:
         try:
             while (spec := self._take(state)) is not None:
                 if state.transport is None and not self.pool.open(state):
                     self._release(spec, give_back=True)
+                    self._free(state)
                     if state.dead or not self._wait(self.pool.backoff(state)):
+                        return
+                    continue
+                if not self._open_peers(spec):
+                    self._release(spec, give_back=True)
+                    self._free(state)
+                    if not self._wait(HOST_BACKOFF_S[0]):
                         return
                     continue
                 with self.slots:
                     if self.stop.is_set():
                         self._release(spec, give_back=True)
+                        self._free(state)
                         return
                     given_back = False
                     try:
@@ -224,11 +270,15 @@ class Executor:
                         self._finish(spec, state, self._internal(spec, state, e))
                     finally:
                         self._release(spec, give_back=given_back)
+                        self._free(state)
         except OSError as e:  # the local disk (results) failed us: nothing more can be recorded safely
             self.outcome.fatal = f"cannot write results in {self.sweep_dir}: {e}"
             self.events.log(self.outcome.fatal)
             self.stop.set()
         finally:
+            with self.changed:   # another run's node on this host still uses the connection
+                while state.host.name in self.busy:
+                    self.changed.wait(1.0)
             self.pool.close(state)
 
     def _wait(self, seconds: float) -> bool:
@@ -295,17 +345,25 @@ class Executor:
         shutil.rmtree(layout.dir, ignore_errors=True)  # a partial earlier attempt: never mixed into this one
         remove_stale_staging(layout.dir)               # and what a pull killed with the orchestrator left
         layout.dir.mkdir(parents=True)
-        transport = state.transport
-        assert transport is not None  # the worker opened it before taking the run
-        ctx = RunContext(self.sweep, spec, host, transport, self.sweep.render(spec, host), layout,
-                         remote_dir(host.workdir), lease_s=self.lease_s,
-                         on_phase=lambda p: self.events.phase(host.name, spec.run_id, p))
+        nodes = [Node(s.host, s.transport) for s in [state, *self.peers.get(spec.run_id, [])]
+                 if s.transport is not None]   # the worker opened every one before taking the run
+        if len(nodes) < spec.nodes:
+            raise RemoteError(f"{spec.nodes - len(nodes)} of the run's hosts lost their connection before "
+                              "it started", host=host.name, kind=Kind.UNREACHABLE)
+        def on_phase(phase: str) -> None:   # every node's host is in the run's phase
+            self.events.phase(host.name, spec.run_id, phase)
+            for rank, node in enumerate(nodes[1:], 1):
+                self.events.phase(node.host.name, spec.run_id, f"{phase} (node {rank})")
+
+        ctx = RunContext.of(self.sweep, spec, nodes, layout, lease_s=self.lease_s, on_phase=on_phase)
         ctx.found.attempt = attempt
         if attempt > 1:
-            ctx.sh(f"rm -rf {shlex.quote(ctx.paths.root)}", timeout=120, check=False)
+            for node in ctx.nodes:
+                node.sh(f"rm -rf {shlex.quote(node.paths.root)}", timeout=120, check=False)
         with self.lock:
             self.in_flight[spec.run_id] = ctx
-        self.journal.append(spec.run_id, "running", host=host.name, attempt=attempt)
+        self.journal.append(spec.run_id, "running", host=host.name, attempt=attempt,
+                            nodes=[n.host.name for n in ctx.nodes] if ctx.peers else None)
         try:
             manifest = execute(ctx)
         except Exception as e:  # our own bug inside the run: recorded, its server stopped, the sweep goes on
@@ -328,11 +386,11 @@ class Executor:
         layout = self.layout.run(spec.run_id)
         trace = redact("".join(traceback.format_exception(error)))
         atomic_write(layout.harness_error, trace)
-        if ctx is not None:
+        for node in ctx.nodes if ctx is not None else []:
             try:
-                ctx.sh(stop_command(ctx), timeout=120, check=False)
+                node.sh(stop_command(node), timeout=120, check=False)
             except Exception as e:  # the watchdog stops it when the lease lapses
-                self.events.log(f"[{state.host.name}] could not stop {spec.run_id}: {internal_text(e)}")
+                self.events.log(f"[{node.host.name}] could not stop {spec.run_id}: {internal_text(e)}")
         message = redact(f"the harness failed ({internal_text(error)}): a bug, please report it with "
                          f"{layout.harness_error.relative_to(self.sweep_dir)}")
         manifest = unrun_manifest(self.sweep, spec, state.host.name, "failed",
@@ -375,8 +433,9 @@ class Executor:
                     pass  # journaled as finished but its manifest is gone: run it again
             last = states.get(spec.run_id)
             where = last.host if last is not None and last.state in ("running", "interrupted") else None
-            if where is not None and where in self.pool:
-                self._reconcile(spec, self.pool[where].host)
+            for name in (last.nodes or [where]) if last is not None and where is not None else []:
+                if name in self.pool:   # every node of a run on several hosts
+                    self._reconcile(spec, self.pool[name].host)
             shutil.rmtree(layout.dir, ignore_errors=True)
             todo.append(spec)
         for run_id in plan.removed:
@@ -407,7 +466,7 @@ class Executor:
         """Runs never started: skipped (deadline, fail-fast, interrupt) or failed (no host could take them)."""
         for spec in self.todo:
             reasons = [self.pool[h.name].error for h in spec.hosts if self.pool[h.name].dead]
-            if reasons and len(reasons) == len(spec.hosts) and not self.outcome.interrupted:
+            if reasons and len(spec.hosts) - len(reasons) < spec.nodes and not self.outcome.interrupted:
                 err = reasons[0]
                 assert err is not None  # a dead host has the error that set it aside
                 self._write_unrun(spec, "failed", ErrorRecord(kind=err.kind,
@@ -431,13 +490,15 @@ class Executor:
         with self.lock:
             in_flight = list(self.in_flight.values())
         for ctx in in_flight:
-            try:
-                self.pool.run_once(ctx.host, stop_command(ctx), timeout=60)
-            except HarnessError as e:
-                self.events.log(f"[{ctx.host.name}] could not stop {ctx.run.run_id}: {e}")
+            for node in ctx.nodes:
+                try:
+                    self.pool.run_once(node.host, stop_command(node), timeout=60)
+                except HarnessError as e:
+                    self.events.log(f"[{node.host.name}] could not stop {ctx.run.run_id}: {e}")
             with self.lock:
                 self.torn_down.add(ctx.run.run_id)
-            self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name)
+            self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name,
+                                nodes=[n.host.name for n in ctx.nodes] if ctx.peers else None)
 
     def _write_sweep_json(self, finished: float | None) -> None:
         before = read_sweep(self.layout) if self.kept_runs else None

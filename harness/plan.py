@@ -11,6 +11,7 @@ Run ids begin with the configuration name: `tp8-1` (pool placement, repeat 1) or
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from harness.config import space
 from harness.config.inventory import Host, Inventory, load_inventory
 from harness.config.playbook import Benchmark, Config, Playbook, load_playbook
 from harness.config.yamlfile import Loc, YamlDoc
-from harness.engines import Engine, engine_for
+from harness.engines import Engine, NodeInfo, engine_for
 from harness.errors import InputError
 from harness.remote import ZIPAPP, remote_dir, tool_words
 from harness.render import BUILTIN_TEMPLATES, EnvRef, ShellWords, builtin_templates, render_string, render_template
@@ -37,6 +38,7 @@ class RunSpec:
     repeat: int                    # 1-based
     hosts: tuple[Host, ...]        # where it may run: the pool's hosts, or the one host of `each`
     benchmark: Benchmark           # the playbook's, with the configuration's own settings over it
+    nodes: int = 1                 # hosts one server spans: node 0 serves and benchmarks
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Rendered:
     secret_env: dict[str, str]     # reaches the host in a 0600 file, never in the script
     port: int
     paths: HostRunLayout
+    node: NodeInfo | None = None   # which node of how many this script is (node 0 of 1 on one host)
 
 
 @dataclass
@@ -75,11 +78,18 @@ class Sweep:
                        if is_secret(k, self.secret_names) and isinstance(v, (str, int)) and not isinstance(v, bool)]
         return Redactor(values)
 
-    def render(self, run: RunSpec, host: Host) -> Rendered:
+    def render(self, run: RunSpec, host: Host, nodes: Sequence[Host] = ()) -> Rendered:
+        """The launch script of `run` on `host`; for a server on several hosts, `nodes` lists them
+        (node 0 first, `host` among them) and the script is that node's, with the engine's own
+        multi-node flags (`Engine.node_args`) over the configuration's."""
         pb = self.playbook
         paths = HostRunLayout.of(host.workdir, self.sweep_id, run.run_id)
         port = pb.server.port or self.engine.default_port
         tools = remote_dir(host.workdir)
+        nodes = list(nodes) or [host]
+        rank = next(i for i, n in enumerate(nodes) if n.name == host.name)
+        node = NodeInfo(rank=rank, count=len(nodes), head_address=node_address(nodes[0]),
+                        rendezvous_port=pb.server.rendezvous_port or self.engine.rendezvous_port)
         base: dict[str, Any] = {
             "run": {"id": run.run_id, "repeat": run.repeat, "sweep_id": self.sweep_id, "dir": paths.root,
                     "profile_dir": paths.profile_dir, "log": paths.log, "pid_file": paths.pid_file,
@@ -90,7 +100,8 @@ class Sweep:
             "engine": self.engine.name, "flavor": self.engine.speaks, "launcher": self.engine.launcher,
             "profile": pb.profile.model_dump(), "benchmark": run.benchmark.model_dump(),
             "vars": pb.vars, "playbook": {"name": pb.name}, "harness_version": harness.__version__,
-            "nodes": [host.name], "node_rank": 0, "port": port,
+            "nodes": [n.name for n in nodes], "node_rank": node.rank, "node_count": node.count,
+            "head_address": node.head_address, "rendezvous_port": node.rendezvous_port, "port": port,
             # tools.torchprof: the words after `python` that run a server under torchprof, quoted
             "tools": {"dir": tools, "pyz": f"{tools}/{ZIPAPP}",
                       "torchprof": ShellWords(tool_words(tools, "torchprof"))},
@@ -98,6 +109,9 @@ class Sweep:
         }
         at = run.config.at
         args = self._merged(base, [(("server", "args"), pb.server.args), ((*at, "args"), run.config.args)])
+        if node.count > 1:   # the engine's adapter writes these for every node; the playbook's give way
+            written = {f.lstrip("-") for f in self.engine.node_flags}
+            args = {k: v for k, v in args.items() if k.lstrip("-") not in written} | self.engine.node_args(node)
         env = self._merged(base, [(None, host.env), (("server", "env"), pb.server.env),
                                   ((*at, "env"), run.config.env)])
         secret = {k: v for k, v in env.items() if is_secret(k, self.secret_names)}
@@ -108,7 +122,7 @@ class Sweep:
                 args[flag] = EnvRef(arg_env_name(flag))
         context = base | {"args": args, "env": public, "secret_names": sorted(secret),
                           "server": base["server"] | {"args": args, "env": public}}
-        return Rendered(render_template(self.template, context), args, public, secret, port, paths)
+        return Rendered(render_template(self.template, context), args, public, secret, port, paths, node)
 
     def _merged(self, context: dict, layers: list[tuple[Loc | None, dict]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -127,10 +141,23 @@ class Sweep:
         return value
 
     def validate(self) -> None:
-        """Render every run for every host it may land on: all template errors, before any host."""
+        """Render every run for every host it may land on (every node of a run on several hosts, on
+        the first of its hosts): all template errors, before any host."""
         for run in self.runs:
+            if run.nodes > 1:
+                nodes = run.hosts[:run.nodes]
+                for host in nodes:
+                    self.render(run, host, nodes)
+                continue
             for host in run.hosts:
                 self.render(run, host)
+
+
+def node_address(host: Host) -> str:
+    """Where the other nodes reach `host` (node 0's rendezvous): its inventory address, else its name."""
+    if host.address:
+        return host.address
+    return "127.0.0.1" if host.transport == "local" else host.name
 
 
 def find_template(path: str | None, engine: Engine, playbook_path: Path) -> Path:
@@ -157,9 +184,41 @@ def find_template(path: str | None, engine: Engine, playbook_path: Path) -> Path
     return BUILTIN_TEMPLATES / engine.template
 
 
-def expand(pb: Playbook, hosts: list[Host], doc: YamlDoc | None = None) -> list[RunSpec]:
+def run_nodes(config: Config, engine: Engine | None, hosts: list[Host], pb: Playbook,
+              doc: YamlDoc | None = None) -> int:
+    """The hosts one server of `config` spans: `nodes:`, or what the engine's flags say (`--nnodes`);
+    refused, before any host is touched, when they disagree or there are not that many hosts."""
+    file = str(doc.path) if doc else None
+    where = (*config.at, "nodes") if "nodes" in config.model_fields_set else (*config.at, "args")
+
+    def refuse(message: str) -> InputError:
+        return InputError(f"configuration {config.name}: {message}", file=file, key=".".join(map(str, where)),
+                          line=doc.line(where) if doc else None)
+
+    implied = 1
+    if engine is not None:
+        args = {**pb.server.args, **config.args}
+        try:
+            implied = engine.nodes(args)
+        except InputError as e:
+            raise refuse(e.message) from None
+    nodes = config.nodes
+    if "nodes" in config.model_fields_set and implied > 1 and implied != nodes:
+        raise refuse(f"nodes is {nodes} but its flags say {implied} (--nnodes): give one of them")
+    nodes = max(nodes, implied)
+    if nodes > 1 and pb.placement == "each":
+        raise refuse(f"a server on {nodes} hosts needs placement: pool (each pins a run to one host)")
+    if nodes > len(hosts):
+        raise refuse(f"a server on {nodes} hosts, but the playbook's hosts ({pb.hosts!r}) are "
+                     f"{len(hosts)}: {', '.join(h.name for h in hosts)}")
+    return nodes
+
+
+def expand(pb: Playbook, hosts: list[Host], doc: YamlDoc | None = None, engine: Engine | None = None
+           ) -> list[RunSpec]:
     runs = []
     for config in pb.all_configs:
+        nodes = run_nodes(config, engine, hosts, pb, doc)
         try:
             bench = Benchmark.model_validate(pb.benchmark.model_dump() | config.benchmark)
         except ValidationError as e:
@@ -169,7 +228,7 @@ def expand(pb: Playbook, hosts: list[Host], doc: YamlDoc | None = None) -> list[
                              key=".".join(map(str, where)), line=doc.line(where) if doc else None) from None
         for rep in range(1, pb.repeat + 1):
             if pb.placement == "pool":
-                runs.append(RunSpec(f"{config.name}-{rep}", config, rep, tuple(hosts), bench))
+                runs.append(RunSpec(f"{config.name}-{rep}", config, rep, tuple(hosts), bench, nodes))
             else:
                 runs += [RunSpec(f"{config.name}-{h.name}-{rep}", config, rep, (h,), bench) for h in hosts]
     return runs
@@ -235,7 +294,7 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
     engine = engine_for(pb)
     sweep = Sweep(pb, doc, inventory, hosts, engine,
                   find_template(pb.template, engine, playbook_path), sweep_id or new_sweep_id(pb.name))
-    sweep.runs = [] if pb.optuna else expand(pb, hosts, doc)   # a search's runs come as it goes
+    sweep.runs = [] if pb.optuna else expand(pb, hosts, doc, engine)   # a search's runs come as it goes
     sweep.validate()
     if pb.optuna:   # the template's mistakes before any host, on the space's first point
         for path in pb.optuna.space:

@@ -17,6 +17,11 @@ and after, with `ip route get` (`assert_contained`).
         transport = connect(hosts[0].host_spec())
         hosts[0].link_down()
 
+`routed=True` lets the hosts reach one another too (the nodes of a server on several hosts meet at
+node 0's address): each namespace gets a route to every other host's /24 through its own link, and
+this side forwards between the hosts' veths only (per-interface `forwarding`, never the machine-wide
+`ip_forward`), so nothing but the test's own subnets becomes reachable from inside.
+
 Needs root and `ip netns`; otherwise `pytest.skip` says why (CI runs as root and fails on skipped
 end-to-end tests, so there it must work). Every sshd runs commands as root on this machine's
 filesystem: hosts share files, so give each its own working directory. `tc netem` (delay, loss) is
@@ -80,6 +85,14 @@ class NetnsHost:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sshd.start()
 
+    def route_to(self, other: NetnsHost) -> None:
+        """Reach `other` through this host's link (this side forwards it on to `other`'s)."""
+        _ip("-n", self.netns, "route", "replace", other.subnet, "via", self.gateway)
+
+    def forward(self) -> None:
+        """Let this side forward packets that arrive on this host's veth (and only on it)."""
+        Path(f"/proc/sys/net/ipv4/conf/{self.veth}/forwarding").write_text("1\n")
+
     def host_spec(self, name: str | None = None, **overrides) -> HostSpec:
         return self.sshd.host_spec(name or self.name, **overrides)
 
@@ -128,14 +141,23 @@ class NetnsHost:
 
 
 @contextlib.contextmanager
-def netns_hosts(count: int, directory: Path) -> Iterator[list[NetnsHost]]:
-    """`count` hosts, each in a namespace of its own with an sshd; all gone on exit, even after a failure."""
+def netns_hosts(count: int, directory: Path, *, routed: bool = False) -> Iterator[list[NetnsHost]]:
+    """`count` hosts, each in a namespace of its own with an sshd; all gone on exit, even after a failure.
+    `routed`: the hosts reach one another as well."""
     _require_netns()
     _remove_stale_namespaces()
     hosts = [NetnsHost(i, directory / f"host{i}", octet) for i, octet in enumerate(_free_octets(count))]
     try:
         for host in hosts:
             host.create()
+        if routed:
+            for host in hosts:
+                host.forward()
+                for other in hosts:
+                    if other is not host:
+                        host.route_to(other)
+            for host in hosts:
+                host.assert_contained()
         yield hosts
     finally:
         for host in hosts:

@@ -82,6 +82,8 @@ class Server(Strict):
     args: Args = Field(default_factory=dict, description="flags for every configuration")
     env: Env = Field(default_factory=dict, description="environment for every configuration")
     startup_timeout_s: float = Field(1800, gt=0, description="give up waiting for health after this")
+    rendezvous_port: int | None = Field(None, ge=1, le=65535, description="a server on several hosts: the "
+                                        "port node 0 waits for the others on; default: the engine's")
     health_path: str | None = Field(None, description="health endpoint; default: the engine's")
     module: str | None = Field(None, description="Python module the engine needs (preflight checks it "
                                "imports); default: the engine's", pattern=r"^([A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
@@ -95,7 +97,8 @@ class Config(Strict):
     env: Env = Field(default_factory=dict, description="environment merged over server.env")
     benchmark: dict[str, Any] = Field(default_factory=dict, description="benchmark settings of this "
                                       "configuration's runs, over the playbook's (a matrix's benchmark axes)")
-    nodes: int = Field(1, ge=1, description="hosts one server spans (node 0 serves and benchmarks)")
+    nodes: int = Field(1, ge=1, description="hosts one server spans (node 0 serves and benchmarks); "
+                       "default: what the engine's own flags say (--nnodes), else 1")
     description: str | None = None
     _at: tuple[str | int, ...] = PrivateAttr(default=())   # where the playbook wrote it (for error lines)
 
@@ -308,7 +311,8 @@ class Matrix(Strict):
                     parts[section][name] = value
                 named = {k: v for k, v in point.items() if k not in self.link}   # a linked value says nothing new
                 name = "_".join(n for n in (base.name, matrix.point_name(named)) if n)
-                out.append(Config.model_validate({"name": name, **parts, "description": base.description})
+                nodes = {"nodes": base.nodes} if "nodes" in base.model_fields_set else {}
+                out.append(Config.model_validate({"name": name, **parts, **nodes, "description": base.description})
                            .written_at(("matrix",)))
         return out
 
@@ -519,13 +523,6 @@ class Playbook(Strict):
         if twice:
             raise ValueError(f"the matrix makes the configuration {twice!r} twice (an include repeats a point, or "
                              "values that differ only in characters a name cannot hold)")
-        return self
-
-    @model_validator(mode="after")
-    def _not_yet(self):
-        # keys whose behaviour lands piece by piece: refused, never silently ignored
-        if any(c.nodes > 1 for c in self.all_configs):
-            raise ValueError("nodes above 1 are not supported yet")
         return self
 
     @property

@@ -17,6 +17,7 @@ from harness.engines import openai, sglang, sim, vllm  # noqa: F401  (each regis
 from harness.engines.base import (
     CaptureSettings,
     Engine,
+    NodeInfo,
     StepSpans,
     TraceNaming,
     env_prefixes,
@@ -29,7 +30,7 @@ from harness.engines.base import (
     step_span_rules,
 )
 
-__all__ = ["CaptureSettings", "Engine", "StepSpans", "TraceNaming", "engine_for", "env_prefixes",
+__all__ = ["CaptureSettings", "Engine", "NodeInfo", "StepSpans", "TraceNaming", "engine_for", "env_prefixes",
            "get_engine", "imitable", "naming_for", "names", "real_engines", "register", "step_span_rules"]
 
 

@@ -108,6 +108,24 @@ class CaptureSettings:
     num_steps: int
     start_step: int | None = None
     nsys: bool = False
+    nodes: int = 1                 # hosts the server spans: each writes its own ranks' traces
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where one node of a server that spans several hosts stands: its rank, how many nodes there are,
+    and where node 0 listens for the others (the rendezvous)."""
+
+    rank: int
+    count: int
+    head_address: str
+    rendezvous_port: int
+
+    @property
+    def head_endpoint(self) -> str:
+        """`HOST:PORT` of the rendezvous, an IPv6 address in brackets."""
+        host = f"[{self.head_address}]" if ":" in self.head_address else self.head_address
+        return f"{host}:{self.rendezvous_port}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,8 @@ class Engine:
     metrics_path: str = "/metrics"
     metrics: tuple[Metric, ...] = ()     # the /metrics families telemetry keeps (none: it samples GPUs only)
     metrics_hint: str = ""               # what to do when /metrics is not there (a 404)
+    rendezvous_port: int = 29500   # where node 0 waits for the other nodes of a multi-node server
+    node_flags: tuple[str, ...] = ()   # the flags `node_args` writes (and their aliases): the playbook's go
 
     @property
     def speaks(self) -> str:
@@ -137,6 +157,15 @@ class Engine:
     def ranks(self, args: Mapping[str, Any]) -> int:
         """How many GPU workers (trace files) a configuration with these args has."""
         return 1
+
+    def nodes(self, args: Mapping[str, Any]) -> int:
+        """How many hosts the engine's own flags say one server spans (`--nnodes`): 1 unless they say."""
+        return 1
+
+    def node_args(self, node: NodeInfo) -> dict[str, Any]:
+        """The flags that make one node of a multi-node server (rank, count, node 0's address), merged
+        over the configuration's args; {} for a server on one host."""
+        return {}
 
     def capture(self, how: CaptureSettings) -> dict[str, Any] | None:
         """The profiler protocol as data for the host agent (`agent.py profile`), None when the engine

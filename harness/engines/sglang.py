@@ -20,6 +20,13 @@ Facts, each with the release it was read from:
   and prefix-cached tokens of finished requests, `sglang:spec_accept_rate` / `spec_accept_length` are
   gauges of the last batches; with priority scheduling the queue gauges add per-`priority` samples
   beside the total.
+- Several hosts (0.5.23 `arg_groups/fields/parallel.py`, `entrypoints/engine.py`): `--nnodes N`,
+  `--node-rank R`, `--dist-init-addr HOST:PORT` (alias `--nccl-init-addr`), the same command on every
+  node; torch.distributed meets at node 0's address, so node 0 is not up until every node joined.
+  Nodes of rank >= 1 run no tokenizer and serve a dummy `/health` (always 200) on `--port`; they ignore
+  SIGTERM and wait for node 0's ShutdownReq broadcast (the harness stops node 0 first, then kills the
+  rest). With no `output_dir` in /start_profile each rank writes into its own node's
+  SGLANG_TORCH_PROFILER_DIR, which is why a multi-node capture sends none.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engines.base import CaptureSettings, Engine, Metric, StepSpans, TraceNaming, arg, register
+from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, register
 
 NAMING = TraceNaming(glob="*.trace.json.gz", rank=r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?",
                      not_ranks=r"^merged-", prefer=r"-DECODE\.")
@@ -66,9 +73,19 @@ class SGLang(Engine):
         dp = 1 if args.get("enable-dp-attention") or args.get("attn-dp-size") else arg(args, "dp-size")
         return tp * pp * dp
 
+    def nodes(self, args: Mapping[str, Any]) -> int:
+        return arg(args, "nnodes")
+
+    def node_args(self, node: NodeInfo) -> dict[str, Any]:
+        if node.count == 1:
+            return {}
+        return {"nnodes": node.count, "node-rank": node.rank, "dist-init-addr": node.head_endpoint}
+
     def capture(self, how: CaptureSettings) -> dict[str, Any]:
-        body: dict[str, Any] = {"output_dir": how.directory, "num_steps": how.num_steps,
+        body: dict[str, Any] = {"num_steps": how.num_steps,
                                 "activities": ["CUDA_PROFILER"] if how.nsys else ["CPU", "GPU"]}
+        if how.nodes == 1:   # several nodes: every rank writes into its own node's SGLANG_TORCH_PROFILER_DIR
+            body = {"output_dir": how.directory} | body
         if how.start_step is not None or how.nsys:
             body["start_step"] = how.start_step if how.start_step is not None else 3
         if how.nsys:
@@ -88,4 +105,5 @@ ENGINE = register(SGLang(
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
     env_prefixes=("SGLANG_",), metrics=METRICS,
     metrics_hint="SGLang serves /metrics only with --enable-metrics: add `enable-metrics: true` to server.args",
+    rendezvous_port=25000, node_flags=("nnodes", "node-rank", "dist-init-addr", "nccl-init-addr"),
     oom_hint="lower --mem-fraction-static, shorten --context-length or use more GPUs (--tp-size)"))

@@ -27,6 +27,12 @@ Facts, each with the release it was seen in:
   data-parallel engine) and `model_name`; counters as `NAME_total` with a `NAME_created` beside.
   `vllm:kv_cache_usage_perc` is a fraction (1 = 100 %) despite its name; the prefix-cache counters
   count tokens; the spec-decode counters exist only with `--speculative-config`.
+- Several hosts (0.26.0 and 0.32.0 `engine/arg_utils.py` ParallelConfig group, `entrypoints/cli/serve.py`
+  run_headless): `--nnodes/-n N`, `--node-rank/-r R`, `--master-addr HOST` (default 127.0.0.1),
+  `--master-port PORT` (default 29501) on every node, and `--headless` on every node but 0: those run
+  only workers ("headless multiproc executor") and no API server, so nothing answers HTTP there. The
+  world size (tp x pp x dp) must divide by `--nnodes`. Each node's workers write their traces into
+  that node's own `--profiler-config.torch_profiler_dir`.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engines.base import CaptureSettings, Engine, Metric, StepSpans, TraceNaming, arg, register
+from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, register
 
 NAMING = TraceNaming(glob="*.pt.trace.json.gz", rank=r"(?:^|_)rank(\d+)\.", not_ranks=r"\.async_llm\.")
 STEPS = StepSpans(prefix="execute_context_", stages=(
@@ -69,6 +75,15 @@ class VLLM(Engine):
         return (arg(args, "tensor-parallel-size", "tp") * arg(args, "pipeline-parallel-size", "pp")
                 * arg(args, "data-parallel-size", "dp"))
 
+    def nodes(self, args: Mapping[str, Any]) -> int:
+        return arg(args, "nnodes", "n")
+
+    def node_args(self, node: NodeInfo) -> dict[str, Any]:
+        if node.count == 1:
+            return {}
+        return {"nnodes": node.count, "node-rank": node.rank, "master-addr": node.head_address,
+                "master-port": node.rendezvous_port} | ({"headless": True} if node.rank else {})
+
     def capture(self, how: CaptureSettings) -> dict[str, Any]:
         # the step bounds are launch flags too (templates/vllm.sh.j2): 0.26 reads them only there
         body: dict[str, Any] = {"max_iterations": how.num_steps}
@@ -84,5 +99,6 @@ ENGINE = register(VLLM(
     help_command="vllm serve --help=all",
     version_command="python -c 'import vllm; print(vllm.__version__)'",
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
-    env_prefixes=("VLLM_",), metrics=METRICS,
+    env_prefixes=("VLLM_",), metrics=METRICS, rendezvous_port=29501,
+    node_flags=("nnodes", "n", "node-rank", "r", "master-addr", "master-port", "headless"),
     oom_hint="lower --gpu-memory-utilization or --max-model-len, or use more GPUs (-tp)"))

@@ -1,4 +1,10 @@
-"""What every lifecycle stage is handed: the run, its host and connection, its paths, and its record."""
+"""What every lifecycle stage is handed: the run, its host and connection, its paths, and its record.
+
+A server on several hosts is one RunContext per node: node 0's (where the server answers HTTP and the
+benchmark runs) holds the others in `peers`, each with its own host, connection, launch script, run
+folder on its host and here (nodes/node<k>/), and findings. Who hands the hosts over (the pool of an
+inventory, a Slurm allocation) is not the lifecycle's business: it gets a list of `Node`s.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from typing import Any
 from harness.config.inventory import Host
 from harness.errors import Kind, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
-from harness.remote import tool_command
+from harness.remote import remote_dir, tool_command
 from harness.results.layout import HostRunLayout, RunLayout
 from harness.results.models import Collected
 from harness.transport.base import Result, Transport
@@ -36,6 +42,14 @@ class Findings:
     warnings: list[str] = field(default_factory=list)   # any stage: what went wrong without failing the run
 
 
+@dataclass(frozen=True)
+class Node:
+    """One host a run was given and the open connection to it: all the lifecycle asks of whoever
+    allocates hosts (node 0 first)."""
+    host: Host
+    transport: Transport
+
+
 @dataclass
 class RunContext:
     sweep: Sweep
@@ -49,6 +63,35 @@ class RunContext:
     on_phase: Callable[[str], None] = lambda phase: None
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     found: Findings = field(default_factory=Findings)
+    node_rank: int = 0
+    peers: list[RunContext] = field(default_factory=list)   # node 0's: the nodes of rank >= 1
+
+    @classmethod
+    def of(cls, sweep: Sweep, run: RunSpec, nodes: list[Node], layout: RunLayout, *, lease_s: float = 60.0,
+           on_phase: Callable[[str], None] = lambda phase: None) -> RunContext:
+        """The context of a run on `nodes` (node 0 first): each node's launch script rendered for it,
+        the other nodes' files here under nodes/node<k>/."""
+        hosts = [n.host for n in nodes]
+
+        def context(rank: int, node: Node, local: RunLayout) -> RunContext:
+            return cls(sweep, run, node.host, node.transport,
+                       sweep.render(run, node.host, hosts if len(hosts) > 1 else ()), local,
+                       remote_dir(node.host.workdir), lease_s=lease_s, on_phase=on_phase, node_rank=rank)
+
+        head = context(0, nodes[0], layout)
+        head.peers = [context(rank, node, layout.node(rank)) for rank, node in enumerate(nodes[1:], 1)]
+        return head
+
+    @property
+    def nodes(self) -> list[RunContext]:
+        """Every node of the run, node 0 first (just this one for a server on one host)."""
+        return [self, *self.peers]
+
+    @property
+    def label(self) -> str:
+        """How messages name this node: `node 1 (gpu-02)` when the server spans several hosts."""
+        many = self.node_rank > 0 or bool(self.peers)
+        return f"node {self.node_rank} ({self.host.name})" if many else self.host.name
 
     @property
     def paths(self) -> HostRunLayout:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from dataclasses import asdict
 
 from harness.engines import CaptureSettings
@@ -18,6 +19,7 @@ from harness.errors import RemoteTimeout
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.server import agent_with_key, alive_check, key_words, server_alive, with_key
 from harness.remote import tool_command
+from harness.results.layout import RunFiles, node_name
 
 
 def prompt_file(ctx: RunContext) -> str:
@@ -157,11 +159,13 @@ def profile(ctx: RunContext) -> dict:
         "profile", "--url", ctx.base_url, "--model", pb.model.name, "--dir", ctx.paths.profile_dir,
         "--num-steps", p.num_steps, "--concurrency", p.concurrency, "--timeout", p.timeout_s,
         "--max-tokens", max(b.max_tokens, 4 * p.num_steps)]
+    spec: dict | None = None
+    per_node = max(1, engine.ranks(ctx.rendered.args) // len(ctx.nodes))   # each node holds its share
     if p.mode != "torch":   # torch: the window of the harness's own wrapper, whatever the engine
         capture = engine.capture(CaptureSettings(ctx.paths.profile_dir, p.num_steps, p.start_step,
-                                                 nsys=p.mode == "nsys"))
+                                                 nsys=p.mode == "nsys", nodes=len(ctx.nodes)))
         assert capture is not None and engine.traces is not None  # the playbook checked profile_modes
-        spec = capture | {"ranks": engine.ranks(ctx.rendered.args), "naming": asdict(engine.traces)}
+        spec = capture | {"ranks": per_node, "naming": asdict(engine.traces)}
         args += ["--spec", json.dumps(spec, separators=(",", ":"))]
     if b.prompt:
         args += ["--prompt-file", prompt_file(ctx)]
@@ -169,7 +173,37 @@ def profile(ctx: RunContext) -> dict:
         args.append("--no-ignore-eos")
     if b.extra_body:
         args += ["--extra-body", json.dumps(b.extra_body)]
+    started = time.monotonic()
     answer = agent_with_key(ctx, *args, timeout=p.timeout_s + 120)
+    if ctx.peers and spec is not None and spec.get("await") != "exit":
+        answer = _peer_traces(ctx, answer, spec, per_node, p.timeout_s - (time.monotonic() - started))
     answer["num_steps"] = p.num_steps
     answer["mode"] = p.mode
     return answer
+
+
+def _peer_traces(ctx: RunContext, answer: dict, spec: dict, per_node: int, left_s: float) -> dict:
+    """Node 0's capture started every rank; each other node writes its own ranks' traces into its own
+    profile folder. Wait for them there (their names as they come back: node<k>/NAME under profile/)
+    and count every node's ranks in the answer."""
+    files, found, problems = list(answer.get("files") or []), answer.get("ranks_found") or 0, []
+    for peer in ctx.peers:
+        got = peer.agent("traces", "--dir", peer.paths.profile_dir, "--naming",
+                         json.dumps(spec["naming"], separators=(",", ":")), "--ranks", per_node,
+                         "--timeout", max(30.0, left_s), timeout=max(30.0, left_s) + 120)
+        files += [f | {"name": f"{node_name(peer.node_rank)}/{f['name']}"} for f in got.get("files") or []]
+        found += got.get("ranks_found") or 0
+        if got.get("missing_ranks"):
+            problems.append(f"{peer.label} wrote {got.get('ranks_found') or 0} of {per_node} in "
+                            f"{peer.paths.profile_dir}")
+    expected = per_node * len(ctx.nodes)
+    merged = answer | {"files": files, "ranks_found": found, "expected_ranks": expected,
+                       "missing_ranks": max(0, expected - found),
+                       "bytes": sum(f.get("bytes") or 0 for f in files)}
+    if answer.get("status") == "ok" and problems:
+        merged |= {"status": "partial" if found else "failed",
+                   "error": f"traces from {found} of {expected} ranks: " + "; ".join(problems)}
+    elif answer.get("status") == "partial" and not problems:
+        merged["error"] = f"traces from {found} of {expected} ranks ({RunFiles.PROFILE}/ on node 0: "\
+                          f"{answer.get('error')})"
+    return merged

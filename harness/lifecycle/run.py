@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.errors import HarnessError, Kind, RemoteError, tail
+from harness.errors import HarnessError, Kind, RemoteError, RunFailed, tail
 from harness.facts import facts_for, parse_facts
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.measure import bench, profile
 from harness.lifecycle.preflight import preflight
-from harness.lifecycle.server import launch, teardown, wait_healthy
+from harness.lifecycle.server import dead_node, launch, teardown, wait_healthy
 from harness.plan import RunSpec, Sweep
 from harness.render import BUILTIN_TEMPLATES
 from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomic_write, write_json, write_model
@@ -36,23 +36,33 @@ UNREACHABLE = ("unreachable", "auth", "host_key")
 
 def execute(ctx: RunContext) -> RunManifest:
     """Run every stage, collect, and write the manifest. The profile's analysis (CPU work here) is
-    left to `analyze`, so the host can start its next run meanwhile."""
+    left to `analyze`, so the host can start its next run meanwhile.
+
+    A server on several hosts (`ctx.peers`): every node is preflighted, the other nodes are launched
+    before node 0 (which waits for them at its rendezvous), health and the benchmark are node 0's, the
+    profile counts every node's ranks, and teardown, collection and cleaning up take in every node.
+    Any node's server dying fails the run, naming that node."""
     started = time.time()
     error: HarnessError | None = None
     pb = ctx.sweep.playbook
     atomic_write(ctx.layout.launch, ctx.rendered.script)
+    for peer in ctx.peers:
+        peer.layout.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(peer.layout.launch, peer.rendered.script)
     try:
         with ctx.phase("preflight"):
-            ctx.found.probe = preflight(ctx)
+            for node in ctx.nodes:
+                node.found.probe = preflight(node)
         launched = False
         try:
             with ctx.phase("launch"):
                 launched = True   # from the first byte sent: secrets or a server may be on the host now
-                launch(ctx)
+                for node in [*ctx.peers, ctx]:   # node 0 last: it waits for the others
+                    launch(node)
             with ctx.phase("health"):
                 wait_healthy(ctx)
             with ctx.phase("bench"):
-                bench(ctx)
+                _bench(ctx)
             if pb.profile.mode != "none":
                 with ctx.phase("profile"):
                     ctx.found.profile = profile(ctx)
@@ -64,10 +74,24 @@ def execute(ctx: RunContext) -> RunManifest:
     if error is None or error.kind not in UNREACHABLE:
         error = _collect(ctx, error)
     if error is None:
-        _clean_up(ctx)
+        for node in ctx.nodes:
+            _clean_up(node)
     manifest = build_manifest(ctx, error, read_back(ctx), started=started, finished=time.time())
     write_model(ctx.layout.manifest, manifest)
     return manifest
+
+
+def _bench(ctx: RunContext) -> None:
+    """The benchmark, on node 0; with other nodes, a server that died on any of them fails the run
+    naming the node that went first (node 0 fails its requests when another node goes)."""
+    try:
+        bench(ctx)
+    except RunFailed as e:
+        if ctx.peers and (died := dead_node(ctx, "benchmark")) is not None:
+            raise died from e
+        raise
+    if ctx.peers and (died := dead_node(ctx, "benchmark")) is not None:
+        raise died
 
 
 def needs_analysis(manifest: RunManifest) -> bool:
@@ -107,22 +131,47 @@ def _clean_up(ctx: RunContext) -> None:
 
 
 def _teardown(ctx: RunContext) -> None:
-    try:
-        with ctx.phase("teardown"):
-            ctx.found.teardown = teardown(ctx)
-    except HarnessError as e:  # never hide the error that brought us here; record this one
-        ctx.found.warnings.append(f"teardown: {e}")
+    """Every node's server stopped, node 0 first (SGLang's other nodes wait for its shutdown
+    broadcast, and a killed node 0 takes them down with it): a failure on one never keeps the others
+    running."""
+    with ctx.phase("teardown"):
+        for node in ctx.nodes:
+            try:
+                node.found.teardown = teardown(node)
+            except HarnessError as e:  # never hide the error that brought us here; record this one
+                ctx.found.warnings.append(f"teardown{' of ' + node.label if ctx.peers else ''}: {e}")
 
 
 def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None:
-    max_mb = ctx.sweep.playbook.profile.max_mb
-    try:
-        with ctx.phase("collect"):   # the pull itself refuses what the local disk cannot hold
-            pulled = ctx.transport.pull(ctx.paths.root, ctx.local_dir, timeout=3600, exclude=(RunFiles.SECRETS,),
-                                        max_bytes=int(max_mb * 1e6) if max_mb else None)
-        ctx.found.collected = Collected(files=pulled.files, bytes=pulled.bytes, sha256=pulled.sha256,
-                                        skipped=list(pulled.skipped))
+    """Node 0's run folder into the run's; each other node's into nodes/node<k>/, its traces into
+    profile/node<k>/ (names that stay unique whatever the engine calls them)."""
+    pulls: list[tuple[RunContext, str, Path, tuple[str, ...]]] = [(ctx, ctx.paths.root, ctx.local_dir,
+                                                                   (RunFiles.SECRETS,))]
+    for peer in ctx.peers:
+        pulls += [(peer, peer.paths.root, peer.local_dir, (RunFiles.SECRETS, RunFiles.PROFILE)),
+                  (peer, peer.paths.profile_dir, ctx.layout.node_profile(peer.node_rank), ())]
+    with ctx.phase("collect"):
+        for node, remote, local, exclude in pulls:
+            error = _pull(ctx, node, remote, local, exclude, error)
+            if error is not None and error.kind is Kind.COLLECT:
+                break
+    if ctx.found.collected is not None:
         _redact_texts(ctx)
+    return error
+
+
+def _pull(ctx: RunContext, node: RunContext, remote: str, local: Path, exclude: tuple[str, ...],
+          error: HarnessError | None) -> HarnessError | None:
+    max_mb = ctx.sweep.playbook.profile.max_mb
+    had = ctx.found.collected or Collected()
+    try:   # the pull itself refuses what the local disk cannot hold
+        budget = int(max_mb * 1e6) - had.bytes if max_mb else None
+        pulled = node.transport.pull(remote, local, timeout=3600, exclude=exclude,
+                                     max_bytes=max(1, budget) if budget is not None else None)
+        prefix = local.relative_to(ctx.local_dir).as_posix() + "/" if local != ctx.local_dir else ""
+        ctx.found.collected = Collected(files=had.files + pulled.files, bytes=had.bytes + pulled.bytes,
+                                        sha256=had.sha256 | {prefix + k: v for k, v in pulled.sha256.items()},
+                                        skipped=had.skipped + [prefix + k for k in pulled.skipped])
     except HarnessError as e:
         if isinstance(e, TooLarge) and not max_mb:
             hinted = RemoteError(f"{e.message}, or cap the profile with profile.max_mb", kind=Kind.COLLECT,
@@ -132,11 +181,11 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
         if error is None:   # whatever broke the pull (a timeout, a lost link), the run failed collecting
             if e.kind is Kind.COLLECT:
                 return e
-            failed = RemoteError(f"collecting the run's files failed: {e.message}", kind=Kind.COLLECT,
-                                 output=getattr(e, "output", ""))
+            failed = RemoteError(f"collecting the run's files{' from ' + node.label if ctx.peers else ''} "
+                                 f"failed: {e.message}", kind=Kind.COLLECT, output=getattr(e, "output", ""))
             failed.__cause__ = e
             return failed
-        ctx.found.warnings.append(f"collect: {e}")
+        ctx.found.warnings.append(f"collect{' from ' + node.label if ctx.peers else ''}: {e}")
     return error
 
 
@@ -185,7 +234,8 @@ def resolved_playbook(ctx: RunContext) -> dict:
     config = ctx.run.config.model_dump(mode="json")
     pb["server"]["env"] = sweep.redactor.env(pb["server"]["env"], sweep.secret_names)
     config["env"] = sweep.redactor.env(config["env"], sweep.secret_names)
-    return pb | {"hosts": ctx.host.name, "configs": [config], "repeat": 1, "placement": "pool"}
+    hosts = ",".join(n.host.name for n in ctx.nodes)   # a server on several hosts: every node's, node 0 first
+    return pb | {"hosts": hosts, "configs": [config], "repeat": 1, "placement": "pool"}
 
 
 @dataclass(frozen=True)
@@ -199,7 +249,7 @@ class FromFiles:
 
 
 def read_back(ctx: RunContext) -> FromFiles:
-    log_tail = ctx.found.log_tail
+    log_tail = next((n.found.log_tail for n in ctx.nodes if n.found.log_tail is not None), None)
     if log_tail is None and ctx.layout.server_log.exists():
         log_tail = tail(ctx.layout.server_log.read_text(errors="replace"), 40)
     record = ctx.found.profile
@@ -251,11 +301,24 @@ def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles
         "facts": files.facts,
         "probe": found.probe,
         "teardown": found.teardown,
-        "warnings": found.warnings + [f"telemetry: {e}" for e in files.telemetry_errors],
+        "nodes": [node_record(ctx, n) for n in ctx.nodes] if ctx.peers else [],
+        "warnings": found.warnings + [f"telemetry: {e}" for e in files.telemetry_errors]
+                    + [f"{p.label}: {w}" for p in ctx.peers for w in p.found.warnings],
         "started": started,
         "finished": finished,
         "harness_version": harness.__version__,
     }))
+
+
+def node_record(ctx: RunContext, node: RunContext) -> dict[str, Any]:
+    """One node of a server on several hosts, as the manifest lists it."""
+    record: dict[str, Any] = {"rank": node.node_rank, "host": node.host.name, "teardown": node.found.teardown,
+                              "dir": node.local_dir.relative_to(ctx.local_dir).as_posix() or ".",
+                              "profile_dir": RunFiles.PROFILE if not node.node_rank else
+                              ctx.layout.node_profile(node.node_rank).relative_to(ctx.local_dir).as_posix()}
+    if not node.node_rank and ctx.rendered.node is not None:
+        record["address"] = ctx.rendered.node.head_address
+    return record
 
 
 def unrun_manifest(sweep: Sweep, spec: RunSpec, host: str, status: str, error: ErrorRecord | None,

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 
+from harness.errors import RunFailed
 from harness.lifecycle.context import RunContext
 from harness.results.layout import RunFiles
 from harness.secrets import api_key_env
 
 HEALTH_POLL_S = 0.1   # the agent asks the engine's health URL this often while it starts (on the host itself)
+PEER_CHECK_S = 5.0    # a server on several hosts: the other nodes are looked at this often while node 0 starts
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|Cannot allocate memory", re.I)
 
 
@@ -73,14 +76,38 @@ def agent_with_key(ctx: RunContext, *args: str | int | float, timeout: float) ->
     return ctx.parse_agent(str(args[0]), ctx.sh(command, timeout=timeout, check=False))
 
 
+def _wait(ctx: RunContext, health: str, timeout: float) -> dict:
+    paths = ctx.paths
+    return agent_with_key(ctx, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
+                          paths.exit_file, "--log", paths.log, "--timeout", timeout,
+                          "--interval", HEALTH_POLL_S, timeout=timeout + 120)
+
+
+def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> dict:
+    """Node 0's health, asked in slices of PEER_CHECK_S with a look at every other node between them:
+    node 0 is not up before every node joined, so a node that died starting would otherwise cost the
+    whole startup timeout. A node that died first fails the run, named (kind launch)."""
+    start = time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - start)
+        answer = _wait(ctx, health, max(0.1, min(PEER_CHECK_S, left)))
+        if answer["status"] == "healthy":
+            return answer | {"seconds": time.monotonic() - start}
+        died = dead_node(ctx, "startup", kind="launch", peers_only=answer["status"] != "died")
+        if died is not None and (answer["status"] != "died" or died.host != ctx.host.name):
+            raise died
+        if answer["status"] == "died" or time.monotonic() - start >= timeout:
+            return answer | {"seconds": time.monotonic() - start}
+
+
 def wait_healthy(ctx: RunContext) -> float:
-    """Seconds until healthy; fails fast (kind oom/launch) when the server exits while loading."""
-    pb, paths = ctx.sweep.playbook, ctx.paths
+    """Seconds until healthy; fails fast (kind oom/launch) when the server exits while loading (on any
+    node, for a server on several hosts: health is node 0's, which waits for the others)."""
+    pb = ctx.sweep.playbook
     timeout = pb.server.startup_timeout_s
     health = ctx.base_url + (pb.server.health_path or ctx.sweep.engine.health_path)
-    answer = agent_with_key(ctx, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
-                            paths.exit_file, "--log", paths.log, "--timeout", timeout,
-                            "--interval", HEALTH_POLL_S, timeout=timeout + 120)
+    answer = _wait_nodes(ctx, health, timeout) if ctx.peers else _wait(ctx, health, timeout)
+    paths = ctx.paths
     if answer["status"] == "healthy":
         return answer["seconds"]
     log = answer.get("log_tail", "")
@@ -108,6 +135,38 @@ def alive_check(ctx: RunContext) -> str:
 
 def server_alive(ctx: RunContext) -> bool:
     return "alive" in ctx.sh(alive_check(ctx), timeout=30, check=False).stdout.split()[-1:]
+
+
+def dead_node(ctx: RunContext, during: str, *, kind: str = "server_died", peers_only: bool = False
+              ) -> RunFailed | None:
+    """The failure of a server on several hosts when any node's server is gone, naming the node that
+    went first (by the time its wrapper wrote its exit code; a wrapper killed outright wrote none and
+    counts as first), with the nodes that followed; None while every node runs. One look per node."""
+    gone: list[tuple[float, RunContext, str]] = []
+    q = shlex.quote
+    for node in ctx.peers if peers_only else ctx.nodes:
+        said = node.sh(f"{alive_check(node)}; date -r {q(node.paths.exit_file)} +%s.%N 2>/dev/null; "
+                       f"echo; tail -n 40 {q(node.paths.log)} 2>/dev/null | tail -c 8000", timeout=30,
+                       check=False).stdout.split("\n")
+        if said[0].strip() != "gone":
+            continue
+        try:
+            when = float(said[1])
+        except (IndexError, ValueError):
+            when = float("-inf")
+        gone.append((when, node, "\n".join(said[2:]).strip()))
+    if not gone:
+        return None
+    gone.sort(key=lambda g: (g[0], g[1].node_rank))
+    _, first, log = gone[0]
+    followed = [g[1].label for g in gone[1:]]
+    first.found.log_tail = log
+    message = f"the server on {first.label} died during the {during}"
+    if followed:
+        message += f" ({', '.join(followed)} went down after it)"
+    if first.node_rank:
+        message += f"; its log: {RunFiles.NODES}/{first.layout.dir.name}/{RunFiles.SERVER_LOG} in the run"
+    return first.fail(kind, message, output=log)
 
 
 def stop_command(ctx: RunContext) -> str:

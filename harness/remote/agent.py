@@ -588,6 +588,19 @@ def cmd_profile(a) -> int:
     return emit(out)
 
 
+def cmd_traces(a) -> int:
+    """Another node of a server on several hosts: wait for its own ranks' traces (node 0's capture
+    started them), and say what is there."""
+    naming = json.loads(a.naming)
+    start = time.monotonic()
+    files = await_traces(a.dir, naming, a.ranks, start + a.timeout, a.stable_s)
+    found = rank_keys(files, naming)
+    return emit({"dir": a.dir, "files": [{"name": n, "bytes": s, "rank": n in _rank_files(files, naming)}
+                                         for n, s in sorted(files.items())],
+                 "ranks_found": len(found), "missing_ranks": max(0, a.ranks - len(found)),
+                 "bytes": sum(files.values()), "seconds": time.monotonic() - start})
+
+
 def _rank_files(files, naming: dict) -> set:
     return {n for n in files if rank_keys([n], naming)}
 
@@ -632,6 +645,12 @@ def main(argv=None) -> int:
     for sp in (w, f):
         sp.add_argument("--api-key-env", default="", help="an environment variable holding the server's API "
                         "key: sent as Authorization: Bearer")
+    t = sub.add_parser("traces")
+    t.add_argument("--dir", required=True)
+    t.add_argument("--naming", required=True, help="the engine's trace naming (JSON)")
+    t.add_argument("--ranks", type=int, required=True)
+    t.add_argument("--timeout", type=float, default=600.0)
+    t.add_argument("--stable-s", type=float, default=1.0)
     wd = sub.add_parser("watch")
     wd.add_argument("--pid-file", required=True)
     wd.add_argument("--lease", required=True)
@@ -646,7 +665,7 @@ def main(argv=None) -> int:
             p.error(f"--api-key-env: {a.api_key_env} is not set in the environment")
         HEADERS["Authorization"] = f"Bearer {key}"
     commands = {"probe": cmd_probe, "wait": cmd_wait, "stop": cmd_stop, "profile": cmd_profile,
-                "watch": cmd_watch, "reap": cmd_reap}
+                "watch": cmd_watch, "reap": cmd_reap, "traces": cmd_traces}
     return commands[a.cmd](a)
 
 

@@ -38,6 +38,12 @@ class RunFiles:
     MANIFEST = "manifest.json"
     ANALYSIS = "analysis.json"
     HARNESS_ERROR = "harness-error.log"
+    NODES = "nodes"                   # a server on several hosts: nodes/node<k>/, the run folder of node k >= 1
+
+
+def node_name(rank: int) -> str:
+    """The folder of node `rank` (>= 1) of a multi-node run, under nodes/ and under profile/."""
+    return f"node{rank}"
 
 
 class SweepFiles:
@@ -93,6 +99,14 @@ class RunLayout(_Here):
     profile = _Named[Path](RunFiles.PROFILE)
     facts = _Named[Path](RunFiles.FACTS)
     harness_error = _Named[Path](RunFiles.HARNESS_ERROR)
+
+    def node(self, rank: int) -> RunLayout:
+        """Node `rank`'s (>= 1) run folder, pulled back beside node 0's: nodes/node<rank>/."""
+        return RunLayout(self.dir / RunFiles.NODES / node_name(rank))
+
+    def node_profile(self, rank: int) -> Path:
+        """Where node `rank`'s (>= 1) traces land: profile/node<rank>/, so every name stays unique."""
+        return self.profile / node_name(rank)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,16 @@ class ProfileRecord(Record):
     analysis: AnalysisRef | None = None
 
 
+class NodeRecord(Record):
+    """One host of a server that spans several: where its files came back to, what its teardown said."""
+    rank: int
+    host: str
+    address: str | None = None                   # where the other nodes reached node 0 (node 0 only)
+    dir: str = "."                               # its run folder, relative to the run's
+    profile_dir: str | None = None               # where its traces landed, relative to the run's
+    teardown: dict[str, Any] | None = None
+
+
 class RunManifest(Versioned):
     """One run: what ran, where, how it ended, what each stage found. A run that never started
     (skipped, or no host could take it) has the first block only."""
@@ -143,6 +153,7 @@ class RunManifest(Versioned):
     facts: dict[str, Any] | None = None
     probe: dict[str, Any] | None = None
     teardown: dict[str, Any] | None = None
+    nodes: list[NodeRecord] = Field(default_factory=list)   # a server on several hosts: every one, node 0 first
     warnings: list[str] = Field(default_factory=list)
     started: float | None = None
     finished: float | None = None
@@ -197,6 +208,7 @@ class JournalEvent(Record):
     attempts: int | None = None
     error_kind: str | None = None
     reason: str | None = None
+    nodes: list[str] | None = None               # a run on several hosts: every node's host, node 0 first
 
     def line(self) -> str:
         return self.model_dump_json(exclude_none=True)

@@ -3,7 +3,9 @@
 Phases, as the real engines go through them: "loading" (port closed: connection refused) for
 HARNESS_SIM_STARTUP_S, then SGLang answers 503 on /health while "starting" (its warm-up generation)
 for half as long again and prints "The server is fired up and ready to roll!"; vLLM is up as soon as
-it listens. Multi-node SGLang ranks >= 1 serve only a dummy health endpoint that always says 200.
+it listens. On several hosts (`--nnodes`, harness.sim.rendezvous) every node first meets node 0;
+SGLang nodes of rank >= 1 then serve only a dummy health endpoint that always says 200 (and, as 0.5.23
+does, ignore SIGTERM: node 0's shutdown stops them), vLLM's (`--headless`) serve no HTTP at all.
 
 With `--api-key` (vLLM: or VLLM_API_KEY) a request must carry `Authorization: Bearer KEY`, or it is
 answered 401 `{"error": "Unauthorized"}`, on the paths the real engine guards (`guarded`).
@@ -21,11 +23,12 @@ import time
 from argparse import Namespace
 from typing import Any, Union
 
-from harness.sim import flags, http
+from harness.sim import flags, http, rendezvous
 from harness.sim.engine import EmitLog, Scheduler, new_generation, tokenize
 from harness.sim.knobs import Knobs
 from harness.sim.model import LatencyModel
 from harness.sim.profiler import Reply, SglangProfiler, VllmProfiler, sglang_rank_names, vllm_worker_names
+from harness.sim.trace import Step
 
 Profiler = Union[SglangProfiler, VllmProfiler]
 NOT_FOUND = {"detail": "Not Found"}
@@ -114,6 +117,49 @@ class SimServer:
                                           nnodes=ns.nnodes, node_rank=ns.node_rank),
                 log=lambda m: self.log(m, "gpu_worker.py:412"))
         self.scheduler.hooks.append(self.profiler.on_step)
+        self.head: rendezvous.Head | None = None        # node 0 of several: relays to the others
+        self.link: asyncio.StreamWriter | None = None   # another node's: its connection to node 0
+        if isinstance(self.profiler, VllmProfiler) and ns.node_rank > 0:
+            self.profiler.frontend = False               # a headless node has no API front end
+
+    async def _relay_step(self, step: Any) -> None:
+        if self.head is not None:
+            self.head.send({"op": "step", "step": [step.prefill, step.prefill_tokens, step.decode]})
+
+    async def _relayed(self, message: dict[str, Any]) -> None:
+        """A node of rank >= 1: what node 0 relays, as this node's ranks would see it."""
+        op = message.get("op")
+        if op == "step":
+            prefill, tokens, decode = message["step"]
+            await self.profiler.on_step(Step(prefill=prefill, prefill_tokens=tokens, decode=decode))
+        elif op == "start":
+            status, answer = await self.profiler.start(message.get("body") or {})
+            if status != 200:
+                self.log(f"profiler start on node {self.ns.node_rank} failed: {answer}")
+        elif op == "stop":
+            await self.profiler.stop()
+        elif op == "completed":
+            self._on_completed()
+
+    async def _rendezvous(self) -> tuple[bool, Any]:
+        """Meet the other nodes; (False, _) when the flags name no rendezvous. Node 0 returns once
+        every node joined; another node returns the task that follows node 0."""
+        where = rendezvous.endpoint(self.engine, self.ns)
+        if where is None:
+            self.log("ERROR: --nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address)")
+            return False, None
+        if self.ns.node_rank == 0:
+            self.head = rendezvous.Head(where[1], self.ns.nnodes - 1, lambda m: self.log(m, rank=True))
+            self.scheduler.hooks.append(self._relay_step)
+            await self.head.gather()
+            return True, None
+        if self.engine == "vllm":
+            self.log(f"Launching vLLM (v{flags.VLLM_VERSION}) headless multiproc executor, with head node "
+                     f"address {where[0]}:{where[1]} for torch.distributed process group.", "serve.py:212")
+        timeout = float(getattr(self.ns, "dist_timeout", None) or 1800)
+        reader, self.link = await rendezvous.join(where[0], where[1], self.ns.node_rank, timeout,
+                                                  lambda m: self.log(m, rank=True))   # kept: dropped, it closes
+        return True, asyncio.create_task(rendezvous.follow(reader, self.ns.node_rank, self._relayed))
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -121,18 +167,34 @@ class SimServer:
         loop = asyncio.get_running_loop()
         main = asyncio.current_task()
         assert main is not None
+        peer = self.ns.nnodes > 1 and self.ns.node_rank > 0
         for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig == signal.SIGTERM and peer and self.engine == "sglang":   # 0.5.23: node 0's shutdown stops it
+                loop.add_signal_handler(sig, lambda: self.log(
+                    f"SIGTERM received on node_rank {self.ns.node_rank}; waiting for the rank-0 ShutdownReq "
+                    "broadcast to stop the schedulers."))
+                continue
             loop.add_signal_handler(sig, main.cancel)
         server = None
         tasks = []
         try:
             self._log_args()
+            if self.ns.nnodes > 1:
+                joined, following = await self._rendezvous()
+                if not joined:
+                    return 1
+                if following is not None:
+                    tasks.append(following)
             if self.knobs.faults.oom_at_start:
                 await asyncio.sleep(self.knobs.startup_s / 2)
                 self._log_oom()
                 return 1
             await asyncio.sleep(self.knobs.startup_s)
             self._log_loaded()
+            if peer and self.engine == "vllm":   # headless: workers only, no API server
+                tasks.append(asyncio.create_task(self.scheduler.run()))
+                await asyncio.gather(*tasks)   # until node 0 goes (then this process exits) or SIGTERM
+                return 0
             dummy = self.engine == "sglang" and self.ns.node_rank > 0
             handler = self._dummy_health if dummy else self._connection
             try:
@@ -143,7 +205,7 @@ class SimServer:
                          f"('{self.ns.host}', {self.ns.port}): {e.strerror}")
                 return 1
             self._log_listening()
-            tasks = [asyncio.create_task(self.scheduler.run())]
+            tasks.insert(0, asyncio.create_task(self.scheduler.run()))
             if self.emit is not None:
                 tasks.append(asyncio.create_task(self._flush_emit_log()))
             if not dummy:
@@ -157,6 +219,8 @@ class SimServer:
                 t.cancel()
             if server is not None:
                 server.close()
+            if self.head is not None:
+                self.head.close()
             if self.emit is not None:
                 self.emit.flush()
         return 0
@@ -181,6 +245,8 @@ class SimServer:
 
     def _on_completed(self) -> None:
         self.completed += 1
+        if self.head is not None:
+            self.head.send({"op": "completed"})
         faults = self.knobs.faults
         if faults.crash_after is not None and self.completed >= faults.crash_after:
             error = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
@@ -295,12 +361,19 @@ class SimServer:
     async def _profile(self, req: http.Request) -> Reply:
         """Both engines read a JSON body on /start_profile (vLLM since 0.32); /stop_profile takes none."""
         if req.path != "/start_profile":
-            return await self.profiler.stop()
+            reply = await self.profiler.stop()
+            if self.head is not None and reply[0] == 200:
+                self.head.send({"op": "stop"})
+            return reply
         try:
             body = req.json()
         except ValueError:
             return 400, "invalid JSON body"
-        return await self.profiler.start(body if isinstance(body, dict) else {})
+        body = body if isinstance(body, dict) else {}
+        reply = await self.profiler.start(body)
+        if self.head is not None and reply[0] == 200:   # every rank of every node starts with it
+            self.head.send({"op": "start", "body": body})
+        return reply
 
     async def _generate(self, req: http.Request, writer: asyncio.StreamWriter, chat: bool) -> tuple[int, bool]:
         keep = req.keep_alive
