@@ -1,0 +1,142 @@
+"""Sweeps on a real Slurm cluster (tests/slurm.py: munged, slurmctld, a slurmd per network namespace).
+
+The harness runs as a user runs it, the `harness` command in a subprocess; the inventory's Slurm group
+has no login host, so this machine runs salloc, srun and scancel. What each test checks afterwards
+is asked of Slurm itself (squeue), never of the harness's own word.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import harness
+from tests.e2e.test_sweep import manifests, playbook, sweep_dir
+from tests.slurm import slurm_cluster
+
+pytestmark = pytest.mark.e2e
+
+HELD = "PENDING,RUNNING,CONFIGURING,SUSPENDED"   # a job in one of these still holds or waits for nodes
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with slurm_cluster(tmp_path_factory.mktemp("slurm"), nodes=2) as made:
+        yield made
+
+
+def slurm_inventory(tmp_path: Path, venv: Path, **slurm) -> Path:
+    inv = {"all": {"vars": {"workdir": str(tmp_path / "node-work"), "venv": str(venv)},
+                   "hosts": {"localhost": {"transport": "local"}},
+                   "children": {"cluster": {"vars": {"scheduler": "slurm",
+                                                     "slurm": {"nodes": 2, "gpus_per_node": 1,
+                                                               "partition": "test", "time": "10:00",
+                                                               "wait_s": 30, **slurm}}}}}}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def four_configs(tmp_path: Path, **extra) -> Path:
+    return playbook(tmp_path, hosts="cluster", configs=[{"name": f"c{i}", "args": {"tp-size": 1}} for i in range(4)],
+                    **extra)
+
+
+def test_a_sweep_over_a_two_node_allocation_runs_each_run_on_a_node_and_releases_it(tmp_path, cluster,
+                                                                                   remote_venv):
+    results = tmp_path / "r"
+    run = harness("sweep", four_configs(tmp_path), "-i", slurm_inventory(tmp_path, remote_venv), "-o", results,
+                  env=cluster.env)
+    assert run.returncode == 0, run.stdout + run.stderr + cluster.logs()
+    found = manifests(results)
+    assert len(found) == 4
+    jobs = set()
+    for run_id, m in found.items():
+        assert m["status"] == "ok", (run_id, m.get("error"))
+        placement = m["placement"]
+        assert placement["scheduler"] == "slurm"
+        assert placement["nodes"] == [m["host"]["name"]] and m["host"]["name"] in cluster.names
+        assert placement["step_id"].startswith(placement["job_id"] + ".")
+        jobs.add(placement["job_id"])
+        assert m["collected"]["files"] > 0
+    assert len(jobs) == 1, jobs            # one allocation for the whole sweep
+    assert {m["host"]["name"] for m in found.values()} == set(cluster.names)   # both nodes took runs
+    (job,) = jobs
+    assert f"job {job} granted on n1, n2" in run.stderr and f"released job {job}" in run.stderr
+    assert not cluster.jobs(HELD), cluster.jobs()
+    # every step launched a server from a node of its own: the step ids differ
+    assert len({m["placement"]["step_id"] for m in found.values()}) == 4
+
+
+@pytest.mark.parametrize("fault", ["partition_down", "more_nodes_than_the_cluster_has"])
+def test_an_allocation_not_granted_in_time_is_a_clear_error_and_leaves_no_pending_job(tmp_path, cluster,
+                                                                                      remote_venv, fault):
+    slurm = {"wait_s": 3} if fault == "partition_down" else {"wait_s": 3, "nodes": 3}
+    inv = slurm_inventory(tmp_path, remote_venv, **slurm)
+    if fault == "partition_down":
+        cluster.set_partition("DOWN")
+    try:
+        run = harness("sweep", four_configs(tmp_path), "-i", inv, "-o", tmp_path / "r", env=cluster.env)
+        pending = cluster.jobs(HELD)
+    finally:
+        cluster.set_partition("UP")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+    said = run.stderr.replace("\n", " ")
+    assert "slurm group 'cluster' (login localhost): no allocation within" in said, run.stderr
+    assert "no allocation within 3 s" in said
+    # and why, in Slurm's own word for it
+    assert ("reason PartitionDown" if fault == "partition_down" else "reason PartitionNodeLimit") in said, said
+    assert not pending, pending
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*/runs/*/manifest.json"))
+
+
+def _journal(results: Path) -> list[dict]:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return [json.loads(line) for line in (sweep_dir(results) / "journal.jsonl").read_text().splitlines()]
+    return []
+
+
+def test_a_node_dying_mid_sweep_fails_its_run_as_unreachable_and_the_sweep_ends_releasing_the_job(
+        tmp_path, remote_venv):
+    """Its own cluster: the node stays dead. Its slurmd and everything running on it are killed while
+    a run is in flight there; srun cannot start a step on it any more."""
+    with slurm_cluster(tmp_path / "slurm", nodes=2) as own:
+        results = tmp_path / "r"
+        pb = four_configs(tmp_path, benchmark={"prompt": "hello there", "max_tokens": 64, "concurrency": [1, 2],
+                                               "requests": 24, "warmup": 1, "timeout_s": 60})
+        sweep = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i",
+                                  str(slurm_inventory(tmp_path, remote_venv)), "-o", str(results),
+                                  "--host-retries", "0", "--lease", "6"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, **own.env, "COLUMNS": "200"})
+        try:
+            deadline = time.monotonic() + 120
+            while not any(e.get("state") == "running" and e.get("host") == "n2" for e in _journal(results)):
+                assert sweep.poll() is None and time.monotonic() < deadline, "no run ever started on n2"
+                time.sleep(0.2)
+            own.kill_node(1)
+            out, err = sweep.communicate(timeout=400)
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
+        assert sweep.returncode in (0, 1), err
+        assert "Traceback" not in err
+        found = manifests(results)
+        assert len(found) == 4
+        on_n2 = [e for e in _journal(results) if e.get("host") == "n2" and e.get("error_kind")]
+        assert on_n2 and all(e["error_kind"] == "unreachable" for e in on_n2), on_n2
+        for run_id, m in found.items():
+            assert m["status"] == "ok" or m["error"]["kind"] == "unreachable", (run_id, m["error"])
+            if m["status"] == "ok":
+                assert m["placement"]["nodes"] == ["n1"]   # what n2 had went to n1
+        assert "released job" in err, err
+        assert not own.jobs(HELD), own.jobs()
