@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import yaml
 from tests.conftest import harness
 from tests.e2e.test_sweep import manifests, playbook, sweep_dir
 from tests.slurm import slurm_cluster
+from tests.sshd import Sshd
 
 pytestmark = pytest.mark.e2e
 
@@ -33,9 +35,9 @@ def cluster(tmp_path_factory):
         yield made
 
 
-def slurm_inventory(tmp_path: Path, venv: Path, **slurm) -> Path:
+def slurm_inventory(tmp_path: Path, venv: Path, *, hosts: dict | None = None, **slurm) -> Path:
     inv = {"all": {"vars": {"workdir": str(tmp_path / "node-work"), "venv": str(venv)},
-                   "hosts": {"localhost": {"transport": "local"}},
+                   "hosts": hosts or {"localhost": {"transport": "local"}},
                    "children": {"cluster": {"vars": {"scheduler": "slurm",
                                                      "slurm": {"nodes": 2, "gpus_per_node": 1,
                                                                "partition": "test", "time": "10:00",
@@ -140,3 +142,64 @@ def test_a_node_dying_mid_sweep_fails_its_run_as_unreachable_and_the_sweep_ends_
                 assert m["placement"]["nodes"] == ["n1"]   # what n2 had went to n1
         assert "released job" in err, err
         assert not own.jobs(HELD), own.jobs()
+
+
+def test_the_login_host_runs_slurm_over_ssh(tmp_path, cluster, remote_venv):
+    """slurm.login names an SSH host of the inventory: salloc, srun and scancel run there (only its
+    sessions know where the cluster's config is: the harness's own environment does not)."""
+    with Sshd(tmp_path / "login", env=cluster.env) as login:
+        spec = login.host_spec()
+        hosts = {"login-01": {"address": spec.address, "port": spec.port, "user": spec.user,
+                              "identity_file": spec.identity_file, "known_hosts": spec.known_hosts}}
+        pb = playbook(tmp_path, hosts="cluster", configs=[{"name": "a"}, {"name": "b"}], profile="none")
+        results = tmp_path / "r"
+        run = harness("sweep", pb, "-i", slurm_inventory(tmp_path, remote_venv, hosts=hosts, login="login-01"),
+                      "-o", results, env={"SLURM_CONF": "/nonexistent/slurm.conf"})
+        assert run.returncode == 0, run.stdout + run.stderr
+    found = manifests(results)
+    assert {m["status"] for m in found.values()} == {"ok"}
+    assert {m["host"]["name"] for m in found.values()} <= set(cluster.names)
+    assert "(login login-01)" in run.stderr and "released job" in run.stderr
+    assert not cluster.jobs(HELD), cluster.jobs()
+
+
+def _start(pb: Path, inv: Path, results: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i", str(inv), "-o", str(results)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env, "COLUMNS": "200"})
+
+
+def _until(predicate, what: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the sweep ended before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout:g} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("when", ["waiting_for_the_allocation", "mid_sweep"])
+def test_ctrl_c_releases_the_allocation(tmp_path, cluster, remote_venv, when):
+    results = tmp_path / "r"
+    inv = slurm_inventory(tmp_path, remote_venv, wait_s=300)
+    if when == "waiting_for_the_allocation":
+        cluster.set_partition("DOWN")
+    try:
+        sweep = _start(four_configs(tmp_path), inv, results, cluster.env)
+        try:
+            if when == "waiting_for_the_allocation":
+                _until(lambda: cluster.jobs("PENDING"), "pending job", sweep)
+            else:
+                _until(lambda: any(e.get("state") == "running" for e in _journal(results)), "run in flight", sweep)
+            sweep.send_signal(signal.SIGINT)
+            out, err = sweep.communicate(timeout=120)
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
+        held = cluster.jobs(HELD)
+    finally:
+        cluster.set_partition("UP")
+    assert sweep.returncode == 130, out + err
+    assert "Traceback" not in err
+    assert not held, held
+    if when == "mid_sweep":
+        assert "released job" in err, err
