@@ -156,8 +156,8 @@ class NodeConnect:
     """The executor's `connect`: an allocated node through srun on its login host, any other host as
     before. One login connection per node connection, opened and closed with it."""
 
-    def __init__(self, nodes: dict[str, Allocation], base: Connect):
-        self.nodes, self.base = nodes, base
+    def __init__(self, nodes: dict[str, Allocation], base: Connect, pythons: dict[str, str] | None = None):
+        self.nodes, self.base, self.pythons = nodes, base, pythons or {}
 
     def __call__(self, host: HostSpec) -> Transport:
         allocation = self.nodes.get(host.name)
@@ -168,7 +168,8 @@ class NodeConnect:
         if not isinstance(login, ProcessTransport):
             login.close()
             raise HarnessError(f"the login host {allocation.login.name} has a transport srun cannot run over")
-        return SlurmTransport(host, login, job_id=allocation.job_id, node=host.address or host.name)
+        return SlurmTransport(host, login, job_id=allocation.job_id, node=host.address or host.name,
+                              python=self.pythons.get(host.name, "python3"))
 
 
 def login_spec(sweep: Sweep, settings: SlurmSettings) -> HostSpec:
@@ -210,7 +211,9 @@ def allocations(sweep: Sweep, *, connect: Connect = connect_over_transport,
                 by_node[node] = allocation
         hosts = [bound.get(h.name, h) for h in sweep.hosts]
         runs = [dataclasses.replace(r, hosts=tuple(bound.get(h.name, h) for h in r.hosts)) for r in sweep.runs]
-        yield dataclasses.replace(sweep, hosts=hosts, runs=runs), NodeConnect(by_node, connect)
+        # the node's wrapper runs in the venv's Python (the same path on every node)
+        pythons = {h.name: f"{h.venv}/bin/python" for h in bound.values() if h.venv}
+        yield dataclasses.replace(sweep, hosts=hosts, runs=runs), NodeConnect(by_node, connect, pythons)
     finally:
         for allocation in made:
             allocation.release()

@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.config.inventory import SlurmSettings
+from harness.slurm import Allocation
+from harness.transport import HostSpec, connect
+from harness.transport.slurm import SlurmTransport
 from tests.conftest import harness
 from tests.e2e.test_sweep import manifests, playbook, sweep_dir
 from tests.slurm import slurm_cluster
@@ -135,7 +139,8 @@ def test_a_node_dying_mid_sweep_fails_its_run_as_unreachable_and_the_sweep_ends_
         found = manifests(results)
         assert len(found) == 4
         on_n2 = [e for e in _journal(results) if e.get("host") == "n2" and e.get("error_kind")]
-        assert on_n2 and all(e["error_kind"] == "unreachable" for e in on_n2), on_n2
+        assert on_n2 and all(e["error_kind"] == "unreachable" for e in on_n2), \
+            [(e["run_id"], e["state"], e["error_kind"], found[e["run_id"]].get("error")) for e in on_n2]
         for run_id, m in found.items():
             assert m["status"] == "ok" or m["error"]["kind"] == "unreachable", (run_id, m["error"])
             if m["status"] == "ok":
@@ -203,3 +208,50 @@ def test_ctrl_c_releases_the_allocation(tmp_path, cluster, remote_venv, when):
     assert not held, held
     if when == "mid_sweep":
         assert "released job" in err, err
+
+
+def _steps(cluster, job: str) -> list[str]:
+    return [line.strip() for line in cluster.run("squeue", "-h", "-s", "-j", job, "-o", "%i").splitlines()
+            if line.strip().startswith(f"{job}.")]
+
+
+def test_a_step_lasts_as_long_as_what_its_command_started_and_close_ends_it(cluster, monkeypatch):
+    """Slurm ends a step's leftover processes with the step (proctrack/cgroup), so the step that
+    launches a server must outlive the launch command while the server runs: the command returns at
+    once, its step stays until the server is gone, and closing the transport ends the step and the
+    server with it."""
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    allocation = Allocation("cluster", SlurmSettings(nodes=1, partition="test", time="5:00", wait_s=30), 1,
+                            login=HostSpec(name="localhost", transport="local"), name="harness-step-test",
+                            connect=connect,
+                            log=lambda line: None)
+    allocation.request()
+    assert allocation.job_id is not None
+    job, (node,) = allocation.job_id, allocation.nodes
+    try:
+        login = connect(HostSpec(name="localhost", transport="local"))
+        link = SlurmTransport(HostSpec(name=node), login, job_id=job, node=node, python=sys.executable)
+        marker = f"harness-step-test-{os.getpid()}"
+        # a detached sleep, as the launch wrapper starts a server: setsid, no terminal, output elsewhere
+        started = link.run(f"{{ setsid bash -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 </dev/null & }}; echo up",
+                           timeout=30)
+        assert started.stdout == "up\n" and started.step is not None and started.step.startswith(f"{job}.")
+        assert started.step in _steps(cluster, job)            # the launch's step holds the sleep
+        assert subprocess.run(["pgrep", "-f", f"^{marker}"], capture_output=True).returncode == 0
+        link.run(f"pkill -f '^{marker}'", timeout=30)   # ^: never the pkill's own wrapper
+        deadline = time.monotonic() + 30
+        while started.step in _steps(cluster, job):           # the sleep gone: its step ends
+            assert time.monotonic() < deadline, _steps(cluster, job)
+            time.sleep(0.2)
+        again = link.run(f"{{ setsid bash -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 </dev/null & }}",
+                         timeout=30)
+        assert again.step in _steps(cluster, job)
+        link.close()                                           # a server teardown missed ends with its step
+        deadline = time.monotonic() + 30
+        while again.step in _steps(cluster, job) or \
+                subprocess.run(["pgrep", "-f", f"^{marker}"], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, _steps(cluster, job)
+            time.sleep(0.2)
+    finally:
+        allocation.release()
+    assert not cluster.jobs(HELD)

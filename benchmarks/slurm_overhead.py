@@ -1,0 +1,138 @@
+"""Slurm overhead: a 4-configuration sweep over a 2-node Slurm allocation against the same over 2 SSH hosts.
+
+Both sides are real and on this machine. The SSH side: 2 network namespaces, each with its own
+address and sshd (tests/netns.py), reached over SSH with pinned host keys. The Slurm side: munged,
+slurmctld and a slurmd in each of 2 namespaces (tests/slurm.py), an inventory group with
+`scheduler: slurm` and no login host, so this machine runs salloc and each command of a run is an
+`srun --overlap` step on its node. The engine is the simulator (tests/remote_venv.py), the same
+playbook on both: 4 configurations that cost the same, time scale 0.25, ~9 s of benchmark each,
+no profiling, so the figure is the harness's own cost.
+
+For each side it runs the real command line (`python -m harness sweep PLAYBOOK -i INV -o OUT --jobs 2`)
+and reads every manifest. Overhead per run counts host time, as sweep_scaling.py does:
+
+    (2 x wall - sum over runs of the phases health + bench) / runs
+
+so it holds connecting, preflight, uploads, launch, collection, teardown, the wait between runs and,
+on Slurm, the allocation and its release. Rounds alternate the two sides; it prints each, the mean
+phases, and the ratio of the Slurm overhead to the SSH one measured in the same round.
+
+Needs root (network namespaces) and slurm-wlm and munge (make sshd installs them). Run as:
+    .venv/bin/python benchmarks/slurm_overhead.py [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.netns import netns_hosts  # noqa: E402
+from tests.remote_venv import make_remote_venv  # noqa: E402
+from tests.slurm import slurm_cluster  # noqa: E402
+
+CONFIGS = 4
+NODES = 2
+PORT = 30700
+
+
+def playbook(path: Path, hosts: str) -> Path:
+    pb = {
+        "name": "slurm-overhead",
+        "hosts": hosts,
+        "engine": "sglang",
+        "model": {"path": "/models/GLM-5-NVFP4", "served_name": "glm-5"},
+        "server": {"port": PORT, "args": {"tp-size": 8},
+                   "env": {"HARNESS_SIM_TIME_SCALE": "0.25", "HARNESS_SIM_STARTUP_S": "1"},
+                   "startup_timeout_s": 120},
+        "configs": [{"name": f"mem{80 + i}", "args": {"mem-fraction-static": (80 + i) / 100}}
+                    for i in range(CONFIGS)],
+        "benchmark": {"prompt": "The quick brown fox jumps over the lazy dog", "max_tokens": 48,
+                      "concurrency": [1, 4], "requests": 4, "warmup": 1, "timeout_s": 300},
+        "profile": {"mode": "none"},
+    }
+    path.write_text(yaml.safe_dump(pb, sort_keys=False))
+    return path
+
+
+def ssh_inventory(path: Path, hosts, venv: Path) -> Path:
+    inv = {"all": {"children": {"gpu": {
+        "vars": {"venv": str(venv)},
+        "hosts": {h.name: {"address": h.address, "port": h.sshd.port, "user": h.sshd.user,
+                           "identity_file": str(h.sshd.client_key), "known_hosts": str(h.sshd.known_hosts),
+                           "workdir": str(h.workdir)} for h in hosts}}}}}
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def slurm_inventory(path: Path, venv: Path, workdir: Path) -> Path:
+    inv = {"all": {"hosts": {"localhost": {"transport": "local"}},
+                   "children": {"cluster": {"vars": {
+                       "venv": str(venv), "workdir": str(workdir), "scheduler": "slurm",
+                       "slurm": {"nodes": NODES, "gpus_per_node": 1, "partition": "test", "time": "30:00",
+                                 "wait_s": 60}}}}}}
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def sweep(pb: Path, inv: Path, out: Path, env: dict[str, str]) -> tuple[float, list[dict]]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "harness", "sweep", str(pb), "-i", str(inv), "-o", str(out),
+                           "--jobs", str(NODES)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **env, "COLUMNS": "200"})
+    wall = time.monotonic() - started
+    manifests = [json.loads(p.read_text()) for p in out.glob("*/runs/*/manifest.json")]
+    failed = [(m["run_id"], m.get("error")) for m in manifests if m["status"] != "ok"]
+    if done.returncode != 0 or len(manifests) != CONFIGS or failed:
+        raise SystemExit(f"sweep failed ({done.returncode}): {failed}\n{done.stderr[-3000:]}")
+    return wall, manifests
+
+
+def report(label: str, wall: float, manifests: list[dict]) -> float:
+    phase = {name: sum(m["phases"][name]["seconds"] for m in manifests) for name in manifests[0]["phases"]}
+    server = phase["health"] + phase["bench"]
+    overhead = (wall * NODES - server) / len(manifests)
+    phases = ", ".join(f"{name} {seconds / len(manifests):.2f}" for name, seconds in phase.items())
+    print(f"  {label:14} wall {wall:6.1f} s  health+bench {server:6.1f} s  overhead/run {overhead:5.2f} s"
+          f"  (mean phases, s: {phases})")
+    return overhead
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2, help="SSH then Slurm, this many times")
+    rounds = parser.parse_args().rounds
+    print(f"{CONFIGS} configurations of the simulated engine on {NODES} hosts, {os.cpu_count()} CPU cores, "
+          f"load average {os.getloadavg()[0]:.2f} at the start")
+    with tempfile.TemporaryDirectory(prefix="slurm-overhead-") as tmp_name:
+        tmp = Path(tmp_name)
+        venv = make_remote_venv(tmp / "venv", engines=("sglang",))
+        with netns_hosts(NODES, tmp / "ssh") as hosts, slurm_cluster(tmp / "slurm", nodes=NODES) as cluster:
+            ssh_inv = ssh_inventory(tmp / "ssh.yaml", hosts, venv)
+            slurm_inv = slurm_inventory(tmp / "slurm.yaml", venv, tmp / "node-work")
+            ratios = []
+            for r in range(rounds):
+                print(f"round {r + 1}")
+                ssh = report("2 SSH hosts", *sweep(playbook(tmp / "ssh-pb.yaml", "gpu"), ssh_inv,
+                                                   tmp / f"ssh-{r}", {}))
+                slurm = report("2 Slurm nodes", *sweep(playbook(tmp / "slurm-pb.yaml", "cluster"), slurm_inv,
+                                                       tmp / f"slurm-{r}", cluster.env))
+                ratios.append(slurm / ssh)
+                print(f"  Slurm overhead per run {slurm - ssh:+.2f} s against SSH ({slurm / ssh:.2f}x)")
+    print(f"summary: Slurm overhead per run {', '.join(f'{x:.2f}x' for x in ratios)} the SSH one; "
+          f"load average {os.getloadavg()[0]:.2f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
