@@ -110,3 +110,50 @@ def test_what_slurm_says_is_checked_before_it_is_believed():
             node_names(said, expected=2)
     assert STEP_LINE.match(b"harness-step 17.3") and STEP_LINE.match(b"harness-step 17_2.0")
     assert not STEP_LINE.match(b"harness-step 17.") and not STEP_LINE.match(b"hello")
+
+
+class _Chunks:
+    """A login host's srun as `_StepProcess` reads it: bytes in the chunks given, then its end."""
+
+    def __init__(self, *chunks: bytes, code: int = 0):
+        self.chunks, self.code = list(chunks), code
+
+    def read(self, deadline: float) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    def wait(self, deadline: float) -> int:
+        return self.code
+
+    def stderr(self) -> bytes:
+        return b""
+
+    def kill(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _unframed(*chunks: bytes) -> tuple[bytes, list[str], int | None]:
+    from harness.transport.slurm import _StepProcess
+    steps: list[str] = []
+    proc = _StepProcess(_Chunks(*chunks, code=143), steps.append, lambda p: None)
+    out = b""
+    while data := proc.read(0):
+        out += data
+    return out, steps, proc.wait(0)
+
+
+def test_a_step_output_is_unframed_however_it_is_cut():
+    stream = b"harness-step 7.3\n5\nhello7\n world\nend 3\n"
+    for cut in range(1, len(stream)):
+        assert _unframed(stream[:cut], stream[cut:]) == (b"hello world\n", ["7.3"], 3)
+    # no end frame: the step was cut short, and srun's own code is what is left
+    assert _unframed(b"harness-step 7.3\n5\nhel") == (b"", ["7.3"], 143)
+    assert _unframed(b"") == (b"", [], 143)   # srun never started it
+
+
+@pytest.mark.parametrize("stream", [b"hello\n", b"harness-step 7.3\n99999999\n", b"harness-step 7.3\nx" * 300,
+                                    b"harness-step 7.3\n70000\n" + b"x" * 70000])
+def test_a_step_output_that_is_not_the_wrapper_is_refused(stream):
+    from harness.errors import RemoteError
+    with pytest.raises(RemoteError, match="not the harness's wrapper"):
+        _unframed(stream)
