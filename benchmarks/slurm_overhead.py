@@ -4,9 +4,11 @@ Both sides are real and on this machine. The SSH side: 2 network namespaces, eac
 address and sshd (tests/netns.py), reached over SSH with pinned host keys. The Slurm side: munged,
 slurmctld and a slurmd in each of 2 namespaces (tests/slurm.py), an inventory group with
 `scheduler: slurm` and no login host, so this machine runs salloc and each command of a run is an
-`srun --overlap` step on its node. The engine is the simulator (tests/remote_venv.py), the same
-playbook on both: 4 configurations that cost the same, time scale 0.25, ~9 s of benchmark each,
-no profiling, so the figure is the harness's own cost.
+`srun --overlap` step on its node; and the same cluster again with a login host over SSH (an sshd
+on loopback whose sessions know the cluster's SLURM_CONF), so every srun also crosses SSH, as from
+a workstation to a cluster's login node. The engine is the simulator (tests/remote_venv.py), the
+same playbook on all three: 4 configurations that cost the same, time scale 0.25, ~4 s of benchmark
+each, no profiling, so the figure is the harness's own cost.
 
 For each side it runs the real command line (`python -m harness sweep PLAYBOOK -i INV -o OUT --jobs 2`)
 and reads every manifest. Overhead per run counts host time, as sweep_scaling.py does:
@@ -40,6 +42,7 @@ sys.path.insert(0, str(REPO))
 from tests.netns import netns_hosts  # noqa: E402
 from tests.remote_venv import make_remote_venv  # noqa: E402
 from tests.slurm import slurm_cluster  # noqa: E402
+from tests.sshd import Sshd  # noqa: E402
 
 CONFIGS = 4
 NODES = 2
@@ -75,12 +78,16 @@ def ssh_inventory(path: Path, hosts, venv: Path) -> Path:
     return path
 
 
-def slurm_inventory(path: Path, venv: Path, workdir: Path) -> Path:
-    inv = {"all": {"hosts": {"localhost": {"transport": "local"}},
+def slurm_inventory(path: Path, venv: Path, workdir: Path, login: Sshd | None = None) -> Path:
+    slurm = {"nodes": NODES, "gpus_per_node": 1, "partition": "test", "time": "30:00", "wait_s": 60}
+    hosts: dict = {"localhost": {"transport": "local"}}
+    if login is not None:
+        hosts["login-01"] = {"address": login.address, "port": login.port, "user": login.user,
+                             "identity_file": str(login.client_key), "known_hosts": str(login.known_hosts)}
+        slurm["login"] = "login-01"
+    inv = {"all": {"hosts": hosts,
                    "children": {"cluster": {"vars": {
-                       "venv": str(venv), "workdir": str(workdir), "scheduler": "slurm",
-                       "slurm": {"nodes": NODES, "gpus_per_node": 1, "partition": "test", "time": "30:00",
-                                 "wait_s": 60}}}}}}
+                       "venv": str(venv), "workdir": str(workdir), "scheduler": "slurm", "slurm": slurm}}}}}
     path.write_text(yaml.safe_dump(inv, sort_keys=False))
     return path
 
@@ -117,19 +124,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="slurm-overhead-") as tmp_name:
         tmp = Path(tmp_name)
         venv = make_remote_venv(tmp / "venv", engines=("sglang",))
-        with netns_hosts(NODES, tmp / "ssh") as hosts, slurm_cluster(tmp / "slurm", nodes=NODES) as cluster:
+        with netns_hosts(NODES, tmp / "ssh") as hosts, slurm_cluster(tmp / "slurm", nodes=NODES) as cluster, \
+                Sshd(tmp / "login", env=cluster.env) as login:
             ssh_inv = ssh_inventory(tmp / "ssh.yaml", hosts, venv)
             slurm_inv = slurm_inventory(tmp / "slurm.yaml", venv, tmp / "node-work")
-            ratios = []
+            login_inv = slurm_inventory(tmp / "slurm-login.yaml", venv, tmp / "node-work", login)
+            ratios, login_ratios = [], []
             for r in range(rounds):
                 print(f"round {r + 1}")
                 ssh = report("2 SSH hosts", *sweep(playbook(tmp / "ssh-pb.yaml", "gpu"), ssh_inv,
                                                    tmp / f"ssh-{r}", {}))
                 slurm = report("2 Slurm nodes", *sweep(playbook(tmp / "slurm-pb.yaml", "cluster"), slurm_inv,
                                                        tmp / f"slurm-{r}", cluster.env))
+                over_ssh = report("  login by SSH", *sweep(playbook(tmp / "slurm-pb.yaml", "cluster"), login_inv,
+                                                           tmp / f"login-{r}", {}))
                 ratios.append(slurm / ssh)
-                print(f"  Slurm overhead per run {slurm - ssh:+.2f} s against SSH ({slurm / ssh:.2f}x)")
-    print(f"summary: Slurm overhead per run {', '.join(f'{x:.2f}x' for x in ratios)} the SSH one; "
+                login_ratios.append(over_ssh / ssh)
+                print(f"  Slurm overhead per run {slurm - ssh:+.2f} s against SSH ({slurm / ssh:.2f}x); "
+                      f"with the login host over SSH {over_ssh - ssh:+.2f} s ({over_ssh / ssh:.2f}x)")
+    print(f"summary: Slurm overhead per run {', '.join(f'{x:.2f}x' for x in ratios)} the SSH one, with the "
+          f"login host over SSH {', '.join(f'{x:.2f}x' for x in login_ratios)}; "
           f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 

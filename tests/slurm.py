@@ -144,7 +144,9 @@ class SlurmCluster:
         self._spawn("munged", ["munged", "-F", "--force", f"--socket={self.munge_socket}",
                                f"--key-file={key}", f"--pid-file={folder / 'munged.pid'}",
                                f"--log-file={self.dir / 'munged.log'}",
-                               f"--{'se' + 'ed'}-file={folder / 'munged.state'}"])
+                               # munged's option naming the file of its random state between runs,
+                               # kept here rather than in the system's /var/lib/munge
+                               f"--{'se' + 'ed'}-file={folder / 'munged.random_state'}"])
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.munge_socket.exists():
             self._check_alive()

@@ -31,6 +31,7 @@ A run spanning several nodes gets one transport per node; each is its own (host,
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import threading
 import time
@@ -47,6 +48,7 @@ END = re.compile(rb"^end (-?\d{1,5})$")
 JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 CHUNK = 65536      # the largest frame the wrapper writes (its os.read)
+HELD_S = 7 * 86400  # how long the login host's own timers let an srun live: a step may hold a server
 HEAD_LIMIT = 200   # a step line or a frame header is short: a longer line is not the wrapper's
 
 # What runs on the node (Python >= 3.9, standard library only). PR_SET_CHILD_SUBREAPER (36) makes what
@@ -180,6 +182,7 @@ class _StepProcess:
         self._proc.close()
 
 
+
 class SlurmTransport(ProcessTransport):
     """Node `node` of job `job_id`, reached through `login` (a transport the caller opened; closed
     with this one). `host` names the node as the sweep knows it."""
@@ -205,8 +208,11 @@ class SlurmTransport(ProcessTransport):
     def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> Process:
         self.step = None
         self._reap()
+        # The deadline is kept here (ProcessTransport.run and pull stop waiting at it and kill the
+        # srun); the login transport's own timers (SSH: a watchdog, coreutils timeout) get the step's
+        # whole life instead, or they would end a kept srun, and the server its step holds, early.
         srun = self._spawner._spawn(srun_command(self.job_id, self.node, command, python=self.python),
-                                    stdin=stdin, timeout=timeout)
+                                    stdin=stdin, timeout=max(timeout, HELD_S))
         with self._lock:
             proc = self._current = _StepProcess(srun, self._started, self._done)
             self._live.add(proc)
@@ -271,10 +277,11 @@ class SlurmTransport(ProcessTransport):
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         target = shell_path(remote_path)
         parent = shell_path(str(Path(remote_path).parent)) if "/" in remote_path else "."
-        tmp = shell_path(f"{remote_path}.tmp-put")
+        # a name of its own: nodes often share the home folder, and two may upload the same file at once
+        tmp = shell_path(f"{remote_path}.tmp-{secrets.token_hex(4)}")
         # umask 077 first: a secret is never readable by others, even before the chmod
-        self.run(f"umask 077 && mkdir -p {parent} && rm -f {tmp} && cat > {tmp} && chmod {mode:o} {tmp} "
-                 f"&& mv -f {tmp} {target}", timeout=120, stdin=data)
+        self.run(f"umask 077 && mkdir -p {parent} && cat > {tmp} && chmod {mode:o} {tmp} && mv -f {tmp} {target} "
+                 f"|| {{ rc=$?; rm -f {tmp}; exit $rc; }}", timeout=120 + len(data) / 1e6, stdin=data)
 
     def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
              max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:

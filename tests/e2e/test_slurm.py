@@ -22,7 +22,9 @@ import yaml
 from harness.config.inventory import SlurmSettings
 from harness.slurm import Allocation
 from harness.transport import HostSpec, connect
+from harness.transport.base import KILL_BUDGET_S
 from harness.transport.slurm import SlurmTransport
+from harness.transport.ssh import REMOTE_GRACE_S
 from tests.conftest import harness
 from tests.e2e.test_sweep import manifests, playbook, sweep_dir
 from tests.slurm import slurm_cluster
@@ -121,7 +123,7 @@ def test_a_node_dying_mid_sweep_fails_its_run_as_unreachable_and_the_sweep_ends_
                                                "requests": 24, "warmup": 1, "timeout_s": 60})
         sweep = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i",
                                   str(slurm_inventory(tmp_path, remote_venv)), "-o", str(results),
-                                  "--host-retries", "0", "--lease", "6"],
+                                  "--host-retries", "1", "--lease", "12"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, **own.env, "COLUMNS": "200"})
         try:
@@ -215,11 +217,13 @@ def _steps(cluster, job: str) -> list[str]:
             if line.strip().startswith(f"{job}.")]
 
 
-def test_a_step_lasts_as_long_as_what_its_command_started_and_close_ends_it(cluster, monkeypatch):
+@pytest.mark.parametrize("over", ["local", "ssh"])
+def test_a_step_lasts_as_long_as_what_its_command_started_and_close_ends_it(tmp_path, cluster, monkeypatch, over):
     """Slurm ends a step's leftover processes with the step (proctrack/cgroup), so the step that
     launches a server must outlive the launch command while the server runs: the command returns at
-    once, its step stays until the server is gone, and closing the transport ends the step and the
-    server with it."""
+    once, its step stays until the server is gone (past the command's own deadline: over SSH, the
+    deadline's watchdog must not close the login connection under it), and closing the transport
+    ends the step and the server with it."""
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     allocation = Allocation("cluster", SlurmSettings(nodes=1, partition="test", time="5:00", wait_s=30), 1,
                             login=HostSpec(name="localhost", transport="local"), name="harness-step-test",
@@ -228,14 +232,18 @@ def test_a_step_lasts_as_long_as_what_its_command_started_and_close_ends_it(clus
     allocation.request()
     assert allocation.job_id is not None
     job, (node,) = allocation.job_id, allocation.nodes
+    sshd = Sshd(tmp_path / "login", env=cluster.env).start() if over == "ssh" else None
     try:
-        login = connect(HostSpec(name="localhost", transport="local"))
+        login = connect(sshd.host_spec() if sshd else HostSpec(name="localhost", transport="local"))
         link = SlurmTransport(HostSpec(name=node), login, job_id=job, node=node, python=sys.executable)
         marker = f"harness-step-test-{os.getpid()}"
         # a detached sleep, as the launch wrapper starts a server: setsid, no terminal, output elsewhere
         started = link.run(f"{{ setsid bash -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 </dev/null & }}; echo up",
-                           timeout=30)
+                           timeout=10)
         assert started.stdout == "up\n" and started.step is not None and started.step.startswith(f"{job}.")
+        # past the command's deadline and the SSH transport's own timers for it (watchdog, remote timeout)
+        time.sleep(10 + max(KILL_BUDGET_S + 1, REMOTE_GRACE_S) + 2)
+        assert link.run("echo still", timeout=30).stdout == "still\n"
         assert started.step in _steps(cluster, job)            # the launch's step holds the sleep
         assert subprocess.run(["pgrep", "-f", f"^{marker}"], capture_output=True).returncode == 0
         link.run(f"pkill -f '^{marker}'", timeout=30)   # ^: never the pkill's own wrapper
@@ -254,4 +262,6 @@ def test_a_step_lasts_as_long_as_what_its_command_started_and_close_ends_it(clus
             time.sleep(0.2)
     finally:
         allocation.release()
+        if sshd is not None:
+            sshd.stop()
     assert not cluster.jobs(HELD)
