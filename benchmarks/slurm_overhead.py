@@ -16,8 +16,10 @@ and reads every manifest. Overhead per run counts host time, as sweep_scaling.py
     (2 x wall - sum over runs of the phases health + bench) / runs
 
 so it holds connecting, preflight, uploads, launch, collection, teardown, the wait between runs and,
-on Slurm, the allocation and its release. Rounds alternate the two sides; it prints each, the mean
-phases, and the ratio of the Slurm overhead to the SSH one measured in the same round.
+on Slurm, the allocation and its release. Rounds alternate the sides; it prints each, the mean
+phases, and the ratio of the Slurm overhead to the SSH one measured in the same round. Last, what one
+command costs on each (the median of 20 `true` over an open transport), which is most of the
+difference: a run's lifecycle is a few dozen commands.
 
 Needs root (network namespaces) and slurm-wlm and munge (make sshd installs them). Run as:
     .venv/bin/python benchmarks/slurm_overhead.py [--rounds 2]
@@ -39,6 +41,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from harness.config.inventory import SlurmSettings  # noqa: E402
+from harness.slurm import Allocation  # noqa: E402
+from harness.transport import HostSpec, connect  # noqa: E402
+from harness.transport.slurm import SlurmTransport  # noqa: E402
 from tests.netns import netns_hosts  # noqa: E402
 from tests.remote_venv import make_remote_venv  # noqa: E402
 from tests.slurm import slurm_cluster  # noqa: E402
@@ -115,6 +121,40 @@ def report(label: str, wall: float, manifests: list[dict]) -> float:
     return overhead
 
 
+def per_command(transport, times: int = 20) -> float:
+    """The median seconds of `true` over an open transport."""
+    took = []
+    try:
+        for _ in range(times):
+            started = time.monotonic()
+            transport.run("true", timeout=60)
+            took.append(time.monotonic() - started)
+    finally:
+        transport.close()
+    return sorted(took)[len(took) // 2]
+
+
+def command_costs(hosts, cluster, login: Sshd, venv: Path) -> None:
+    os.environ.update(cluster.env)
+    allocation = Allocation("cluster", SlurmSettings(nodes=1, partition="test", time="5:00", wait_s=60), 1,
+                            login=HostSpec(name="localhost", transport="local"), name="harness-command-cost",
+                            connect=connect, log=lambda line: None)
+    allocation.request()
+    try:
+        assert allocation.job_id is not None
+        job, node, python = allocation.job_id, allocation.nodes[0], str(venv / "bin" / "python")
+        ssh = per_command(connect(hosts[0].host_spec()))
+        local = per_command(SlurmTransport(HostSpec(name=node), connect(HostSpec(name="localhost", transport="local")),
+                                           job_id=job, node=node, python=python))
+        over_ssh = per_command(SlurmTransport(HostSpec(name=node), connect(login.host_spec()), job_id=job, node=node,
+                                              python=python))
+    finally:
+        allocation.release()
+    print(f"one command (median of 20 `true`): SSH host {ssh * 1000:.0f} ms, Slurm node {local * 1000:.0f} ms "
+          f"({local / ssh:.2f}x), Slurm node with the login host over SSH {over_ssh * 1000:.0f} ms "
+          f"({over_ssh / ssh:.2f}x)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="SSH then Slurm, this many times")
@@ -142,6 +182,7 @@ def main() -> int:
                 login_ratios.append(over_ssh / ssh)
                 print(f"  Slurm overhead per run {slurm - ssh:+.2f} s against SSH ({slurm / ssh:.2f}x); "
                       f"with the login host over SSH {over_ssh - ssh:+.2f} s ({over_ssh / ssh:.2f}x)")
+            command_costs(hosts, cluster, login, venv)
     print(f"summary: Slurm overhead per run {', '.join(f'{x:.2f}x' for x in ratios)} the SSH one, with the "
           f"login host over SSH {', '.join(f'{x:.2f}x' for x in login_ratios)}; "
           f"load average {os.getloadavg()[0]:.2f} at the end")
