@@ -3,13 +3,15 @@
 `SlurmTransport` is a `ProcessTransport` whose processes are the login host's: each command (and
 each file put and each tar-stream pull) becomes
 
-    srun --jobid J --overlap --nodelist NODE -N1 -n1 --quiet bash -c 'exec PYTHON -c "$1" "$2"' - STEP CMD
+    srun --jobid J --overlap --nodelist NODE -N1 -n1 --quiet \
+        bash -c 'exec PYTHON -c "$1" "$2"' harness-step WRAPPER CMD
 
 run over the login host's own transport (SSH, or this machine). `--overlap` lets a step share the
 node with the steps still running (a server, the benchmark, the heartbeat, a pull); one task on one
 node is one command there. The run's lifecycle, its bounded output, its deadlines and the safe pull
-are the shared ones of harness/transport/process.py, unchanged. STEP, the wrapper on the node (the
-node's venv Python, standard library only), adds:
+are the shared ones of harness/transport/process.py, unchanged (the deadline is kept here: the login
+transport's own timers get a step's whole life). WRAPPER, run on the node by the venv's Python
+(standard library only), adds:
 
 - the step's id: its first line is `harness-step JOB.STEP`, taken off the output before anyone reads
   it and kept in `Result.step` (the manifest records the step that launched the server:
