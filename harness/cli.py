@@ -135,10 +135,12 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
               + (" (resumed)" if resume else ""))
     if jobs and jobs > len(sw.hosts):
         err.print(f"note: --jobs {jobs}, but one run at a time goes to a host: at most {len(sw.hosts)} at once here")
-    outcome = Executor(sw, output, jobs=jobs, events=Display(err), fail_fast=fail_fast, retries=retries,
-                       deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
-                       retry_failed=retry_failed, accept_changes=accept_changes,
-                       argv=sys.argv[1:], source=source).run()
+    from harness.slurm import allocations
+    with allocations(sw, log=lambda line: err.print(Text(line), highlight=False)) as (sw, connect):
+        outcome = Executor(sw, output, jobs=jobs, events=Display(err), fail_fast=fail_fast, retries=retries,
+                           deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
+                           retry_failed=retry_failed, accept_changes=accept_changes,
+                           argv=sys.argv[1:], connect=connect, source=source).run()
     if outcome.manifests:
         rows = collect([outcome.sweep_dir])
         out.print(table(rows, title=f"{sw.sweep_id}"))

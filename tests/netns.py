@@ -57,7 +57,8 @@ _serials = itertools.count()  # unique names within this session, however many t
 class NetnsHost:
     """One namespace with an address, a veth pair to this side, and an sshd."""
 
-    def __init__(self, index: int, directory: Path, octet: int):
+    def __init__(self, index: int, directory: Path, octet: int, *, sshd: bool = True):
+        self.with_sshd = sshd
         self.name = f"host{index}"
         serial = next(_serials)
         self.netns = f"{PREFIX}-{os.getpid()}-{serial}"
@@ -83,7 +84,8 @@ class NetnsHost:
         _ip(*inside, "link", "set", "lo", "up")
         self.assert_contained()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.sshd.start()
+        if self.with_sshd:
+            self.sshd.start()
 
     def route_to(self, other: NetnsHost) -> None:
         """Reach `other` through this host's link (this side forwards it on to `other`'s)."""
@@ -133,7 +135,8 @@ class NetnsHost:
     def destroy(self) -> None:
         """Stop the sshd, delete the veth pair (now: the kernel drops a deleted namespace's own links
         a little later), then the namespace."""
-        self.sshd.stop()
+        if self.with_sshd:
+            self.sshd.stop()
         subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
         _delete_namespace(self.netns)
         subprocess.run(["ip", "route", "del", "blackhole", self.subnet, "metric", BLACKHOLE_METRIC],
@@ -141,12 +144,15 @@ class NetnsHost:
 
 
 @contextlib.contextmanager
-def netns_hosts(count: int, directory: Path, *, routed: bool = False) -> Iterator[list[NetnsHost]]:
-    """`count` hosts, each in a namespace of its own with an sshd; all gone on exit, even after a failure.
+def netns_hosts(count: int, directory: Path, *, routed: bool = False,
+                sshd: bool = True) -> Iterator[list[NetnsHost]]:
+    """`count` hosts, each in a namespace of its own with an sshd (unless `sshd` is False: a namespace
+    for another daemon, tests/slurm.py's slurmd); all gone on exit, even after a failure.
     `routed`: the hosts reach one another as well."""
     _require_netns()
     _remove_stale_namespaces()
-    hosts = [NetnsHost(i, directory / f"host{i}", octet) for i, octet in enumerate(_free_octets(count))]
+    hosts = [NetnsHost(i, directory / f"host{i}", octet, sshd=sshd)
+             for i, octet in enumerate(_free_octets(count))]
     try:
         for host in hosts:
             host.create()

@@ -40,8 +40,10 @@ class Sshd:
     """One sshd process serving address:port; a context manager that stops it on exit."""
 
     def __init__(self, directory: Path | str | None = None, *, address: str = "127.0.0.1",
-                 port: int | None = None, prefix: Sequence[str] = ()):
-        """`port` None: a free loopback port. `prefix` runs sshd under a command that then execs it."""
+                 port: int | None = None, prefix: Sequence[str] = (), env: dict[str, str] | None = None):
+        """`port` None: a free loopback port. `prefix` runs sshd under a command that then execs it.
+        `env`: set in every session (sshd's SetEnv), e.g. where a login host's Slurm config is."""
+        self._env = dict(env or {})
         if not Path(SSHD).exists():
             raise RuntimeError(f"{SSHD} is missing: install openssh-server (apt-get install openssh-server)")
         self._own_dir = directory is None
@@ -101,6 +103,7 @@ class Sshd:
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
         ]
+        lines += [f"SetEnv {name}={value}" for name, value in self._env.items()]
         if _sshd_version() >= (9, 8):
             # Since 9.8 sshd blocks a source address after failed logins; tests fail logins on purpose.
             lines.append("PerSourcePenalties no")

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.config.playbook import ENV_NAME
 from harness.config.yamlfile import Loc, YamlDoc, dotted, load_yaml, read_text
@@ -49,6 +49,49 @@ _CONNECTIONS = {"local": "local", "ssh": "ssh", "smart": "ssh", "paramiko": "ssh
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 JUMP = re.compile(r"^(?:[A-Za-z0-9_.\-]+@)?[A-Za-z0-9_.\-]+(?::(?P<port>\d{1,5}))?$")
 GROUP_KEYS = {"vars", "hosts", "children"}
+# what reaches salloc: a partition or account name, a time limit as Slurm writes one
+SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+SLURM_TIME = re.compile(r"^(?:\d+-)?\d+(?::\d{1,2}){0,2}$")
+
+
+class SlurmSettings(BaseModel):
+    """A group that is a Slurm cluster: what its one allocation per sweep asks for. Every value here
+    reaches salloc, so each is validated (and quoted besides)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: int = Field(1, ge=1, le=4096, description="nodes the allocation takes; one run at a time on each")
+    gpus_per_node: int | None = Field(None, ge=0, le=64, description="GPUs per node (salloc --gpus-per-node)")
+    partition: str | None = Field(None, description="partition; default: the cluster's default partition")
+    account: str | None = Field(None, description="account charged; default: the user's default account")
+    time: str | None = Field(None, description="the allocation's time limit, as Slurm writes one "
+                             "(MM, HH:MM:SS, D-HH:MM...); default: the partition's")
+    login: str | None = Field(None, description="the inventory host (over SSH) that runs salloc, srun and "
+                              "scancel; default: this machine")
+    wait_s: float = Field(600, gt=0, le=7 * 86400, description="seconds to wait for the allocation before "
+                          "the sweep gives up (and cancels the request)")
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_NAME.match(v):
+            raise ValueError(f"{v!r}: use letters, digits, '.', '_' and '-'")
+        return v
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_TIME.match(v):
+            raise ValueError(f"time {v!r}: expected a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                             "D-HH:MM:SS)")
+        return v
+
+    @field_validator("login")
+    @classmethod
+    def _login(cls, v: str | None) -> str | None:
+        if v is not None and not HOST_NAME.match(v):
+            raise ValueError(f"login {v!r}: the name of a host of the inventory")
+        return v
 
 
 class Host(BaseModel):
@@ -74,6 +117,11 @@ class Host(BaseModel):
                                             "roofline; default: from the GPU model")
     env: dict[str, str] = Field(default_factory=dict, description="environment for every server on this host")
     secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")
+    scheduler: Literal["slurm"] | None = Field(None, description="slurm: the group is a Slurm cluster, its "
+                                              "nodes allocated for each sweep (see `slurm`)")
+    slurm: SlurmSettings | None = Field(None, description="the allocation a Slurm group asks for: nodes, "
+                                        "gpus_per_node, partition, account, time, login, wait_s")
+    cluster: str | None = Field(None, description="the Slurm group a node slot belongs to (filled by the loader)")
     groups: tuple[str, ...] = Field((), description="groups the host belongs to (filled by the loader)")
     vars: dict[str, Any] = Field(default_factory=dict, description="variables the harness does not use "
                                  "itself (an Ansible inventory's own): template variables, host.vars.NAME")
@@ -123,6 +171,12 @@ class Host(BaseModel):
         if v is not None and not (v.startswith("/") or v.startswith("~")):
             raise ValueError("must be an absolute path")
         return v
+
+    @model_validator(mode="after")
+    def _scheduled(self):
+        if (self.scheduler == "slurm") != (self.slurm is not None):
+            raise ValueError("a Slurm group sets both `scheduler: slurm` and `slurm:` (nodes, partition...)")
+        return self
 
     def with_default_venv(self) -> Host:
         """A local host without a venv runs the engine in the harness's own environment."""
@@ -185,6 +239,7 @@ def load_inventory(path: Path | str) -> Inventory:
         raise doc.error((), "an inventory is a mapping of groups (e.g. `all:`)")
     raw_hosts: dict[str, list[tuple[Loc, dict]]] = {}   # host -> var layers, outermost first
     groups: dict[str, list[str]] = {}
+    slots: dict[str, str] = {}   # a Slurm group's node slot -> the group
 
     def walk(group: str, node: Any, loc: Loc, inherited: list[tuple[Loc, dict]]) -> None:
         if node is None:
@@ -197,6 +252,22 @@ def load_inventory(path: Path | str) -> Inventory:
         layers = inherited + ([(loc + ("vars",), _mapping(doc, node.get("vars"), loc + ("vars",)))]
                               if node.get("vars") is not None else [])
         members = groups.setdefault(group, [])
+        own: dict = node["vars"] if isinstance(node.get("vars"), dict) else {}
+        if ("slurm" in own or "scheduler" in own) and own.get("scheduler") != "slurm":
+            raise doc.error(loc + ("vars", "scheduler" if "scheduler" in own else "slurm"),
+                            f"group {group!r}: a Slurm group sets both `scheduler: slurm` and `slurm:` "
+                            "(nodes, partition...)")
+        if own.get("scheduler") == "slurm":   # its hosts are the slots of its allocation
+            for key in ("hosts", "children"):
+                if node.get(key):
+                    raise doc.error(loc + (key,), f"group {group!r} is a Slurm cluster: its nodes come from "
+                                    "its allocation, so it lists no hosts or children (slurm.nodes says how "
+                                    "many; its login host is another host of the inventory, named by "
+                                    "slurm.login)")
+            count = (own.get("slurm") or {}).get("nodes", 1) if isinstance(own.get("slurm"), dict) else 1
+            count = count if isinstance(count, int) and 1 <= count <= 4096 else 1  # a bad value: the model says
+            node = {**node, "hosts": {f"{group}-{i}": {} for i in range(1, count + 1)}}
+            slots.update({f"{group}-{i}": group for i in range(1, count + 1)})
         for name, hvars in _mapping(doc, node.get("hosts"), loc + ("hosts",)).items():
             hloc = loc + ("hosts", name)
             raw_hosts.setdefault(str(name), []).extend(
@@ -215,7 +286,9 @@ def load_inventory(path: Path | str) -> Inventory:
     if not raw_hosts:
         raise doc.error((), "the inventory defines no hosts")
     notes: dict[str, set[str]] = {}
-    hosts = {name: _build_host(doc, name, layers, groups, notes) for name, layers in raw_hosts.items()}
+    hosts = {name: _build_host(doc, name, layers, groups, notes, slots.get(name))
+             for name, layers in raw_hosts.items()}
+    _check_logins(doc, hosts)
     return Inventory(doc.path, hosts, groups, [f"{doc.path}: {what}: {', '.join(sorted(keys))}"
                                               for what, keys in notes.items()])
 
@@ -232,8 +305,38 @@ KEPT = "kept as template variables (host.vars.NAME), unused by the harness"
 IGNORED = "Ansible connection variables the harness does not use, ignored"
 
 
+def _check_logins(doc: YamlDoc, hosts: dict[str, Host]) -> None:
+    """A Slurm group's login host is another host of the inventory, reached over SSH."""
+    for h in hosts.values():
+        login = h.slurm.login if h.slurm else None
+        if login is None:
+            continue
+        where = (*_group_loc(doc, h.cluster or ""), "vars", "slurm", "login")
+        target = hosts.get(login)
+        if target is None or target.cluster is not None:
+            raise InputError(f"slurm.login {login!r} of group {h.cluster!r} is not a host of the inventory "
+                             f"(known: {', '.join(n for n, o in hosts.items() if o.cluster is None)})",
+                             file=str(doc.path), key=dotted(where), line=doc.line(where))
+
+
+def _group_loc(doc: YamlDoc, group: str) -> Loc:
+    """Where a group is written in the inventory (for error lines)."""
+    def find(node: Any, loc: Loc) -> Loc | None:
+        if not isinstance(node, dict):
+            return None
+        for name, child in node.items():
+            here = loc + (name,)
+            if name == group:
+                return here
+            found = find(child.get("children") if isinstance(child, dict) else None, here + ("children",))
+            if found:
+                return found
+        return None
+    return find(doc.data, ()) or ()
+
+
 def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups,
-                notes: dict[str, set[str]]) -> Host:
+                notes: dict[str, set[str]], cluster: str | None = None) -> Host:
     merged: dict[str, Any] = {"vars": {}}
     origin: dict[str, Loc] = {}
     for loc, layer in layers:
@@ -243,7 +346,7 @@ def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups,
             if field is None or (key.startswith("ansible_") and key not in ALIASES):
                 notes.setdefault(IGNORED, set()).add(key)
                 continue
-            if field not in Host.model_fields or field in ("name", "groups", "vars"):
+            if field not in Host.model_fields or field in ("name", "groups", "vars", "cluster"):
                 near = difflib.get_close_matches(key, [*HOST_KEYS, *ALIASES], n=1, cutoff=0.8)
                 if near:
                     raise InputError(f"unknown host variable {key!r} for host {name!r}: did you mean "
@@ -258,6 +361,7 @@ def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups,
                 value = {**merged["env"], **value}
             merged[field], origin[field] = value, loc + (key,)
     merged["name"] = name
+    merged["cluster"] = cluster
     merged["groups"] = tuple(g for g, members in groups.items() if name in members)
     try:
         return Host.model_validate(merged)
@@ -268,7 +372,7 @@ def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups,
 
 
 
-HOST_KEYS = [f for f in Host.model_fields if f not in ("name", "groups", "vars")]
+HOST_KEYS = [f for f in Host.model_fields if f not in ("name", "groups", "vars", "cluster")]
 
 
 def _is_ini(path: Path) -> bool:

@@ -33,6 +33,7 @@ class Findings:
     attempt: int = 1
     probe: dict[str, Any] | None = None          # preflight: the agent's probe of the host
     server_pid: int | None = None                # launch
+    server_step: str | None = None               # launch: the scheduler's step that started it (Slurm)
     log_tail: str | None = None                  # health: the end of the log of a server that died starting
     prompt_file: str | None = None               # bench (uploaded once, reused by profile)
     bench_stderr: str = ""                       # bench: what the client said

@@ -29,6 +29,7 @@ from harness.render import BUILTIN_TEMPLATES
 from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomic_write, write_json, write_model
 from harness.results.models import AnalysisRef, Collected
 from harness.results.store import read_telemetry
+from harness.transport.base import Placed
 from harness.transport.tarpull import TooLarge
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
@@ -281,6 +282,8 @@ def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles
                    "env": redact.env({**ctx.rendered.env, **ctx.rendered.secret_env}, sweep.secret_names)},
         "repeat": ctx.run.repeat,
         "host": ctx.host.public(redact),
+        "placement": (ctx.transport.placement(found.server_step) if isinstance(ctx.transport, Placed)
+                      else None),
         "engine": sweep.engine.name,
         "protocol": sweep.engine.speaks,
         "model": sweep.playbook.model.model_dump(),

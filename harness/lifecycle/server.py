@@ -45,7 +45,8 @@ def launch(ctx: RunContext) -> int:
                f"echo $? >{f.EXIT}' >/dev/null 2>&1 </dev/null & }} && "
                f"{{ setsid {watch} >{f.WATCHDOG_LOG} 2>&1 </dev/null & }} && "
                f"for _ in $(seq 500); do [ -s {f.PID} ] && break; sleep 0.01; done; cat {f.PID}")
-    out = ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode()).stdout
+    started = ctx.sh(command, timeout=60, stdin=ctx.rendered.script.encode())
+    out, ctx.found.server_step = started.stdout, started.step
     lines = out.strip().splitlines()
     words = lines[-1].split() if lines else []
     if len(words) != 3 or not words[0].isdigit():

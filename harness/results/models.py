@@ -69,6 +69,14 @@ class HostRecord(Record):
     gpu_bandwidth_gbs: float | None = None
 
 
+class Placement(Record):
+    """Where a scheduler put a run: the allocation (job), the step that launched its server, its nodes."""
+    scheduler: str
+    job_id: str
+    step_id: str | None = None                   # JOB.STEP; None when the run failed before its launch
+    nodes: list[str] = Field(default_factory=list)
+
+
 class ModelRecord(Record):
     path: str | None = None
     served_name: str | None = None
@@ -134,6 +142,7 @@ class RunManifest(Versioned):
     config: ConfigRecord
     repeat: int | None = None
     host: HostRecord = Field(default_factory=HostRecord)
+    placement: Placement | None = None           # a node of a Slurm allocation: job, step, nodes
     engine: str | None = None
     protocol: str | None = None
     model: ModelRecord | None = None

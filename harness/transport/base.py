@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # run() keeps this many trailing bytes of stdout and of stderr.
 OUTPUT_LIMIT = 1 << 20
@@ -43,6 +43,7 @@ class Result:
     exit_code: int
     stdout: str
     stderr: str
+    step: str | None = None   # the scheduler's step that ran it (a Slurm node: JOB.STEP), else None
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,14 @@ class Transport(Protocol):
     def close(self) -> None:
         """Close the connection; a later call would open a new one."""
         ...
+
+
+@runtime_checkable
+class Placed(Protocol):
+    """A transport onto a node a scheduler allocated: it says where a run on it ran (the manifest's
+    `placement`); `step` is the step of the command that launched the run's server."""
+
+    def placement(self, step: str | None) -> dict[str, Any]: ...
 
 
 class Tail:

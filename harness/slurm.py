@@ -1,0 +1,219 @@
+"""A Slurm cluster as the hosts of a sweep: one allocation per sweep, its nodes handed to the executor.
+
+An inventory group with `scheduler: slurm` has no hosts of its own: the loader gives it one slot per
+node (`GROUP-1`, `GROUP-2`...), so a plan can be shown before anything is allocated. The sweep
+command wraps the executor in `allocations(sweep)`, which
+
+1. asks for one allocation per Slurm group on its login host (`salloc --no-shell --immediate=WAIT`,
+   with the group's nodes, GPUs per node, partition, account and time): Slurm itself bounds the wait
+   and withdraws a request it could not grant in time. salloc rather than a holding batch job: the
+   allocation holds no process of its own that could die, and salloc reports the grant or the
+   reason it could not be granted in words that go straight into the error;
+2. learns its nodes (`squeue -o %N`, expanded by `scontrol show hostnames`), each name checked, and
+   gives the executor a sweep whose hosts are those nodes (each slot's settings, named after its node)
+   and a `connect` that reaches a node through `harness.transport.slurm` (srun over the login
+   host's transport) and any other host as before;
+3. releases the allocation (`scancel`) however the sweep ends: finished, Ctrl-C, a fatal error, an
+   allocation that did not come in time (then by job name, so that nothing is left pending even
+   when salloc was stopped before saying its job id).
+
+Nothing is renewed by hand: the allocation lasts until released or until its time limit, which is the
+cluster's business. `--resume` is a new sweep invocation, so it takes a new allocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from harness.config.inventory import HOST_NAME, Host, SlurmSettings
+from harness.errors import HarnessError
+from harness.hosts import Connect
+from harness.plan import Sweep
+from harness.transport import HostSpec, Transport
+from harness.transport import connect as connect_over_transport
+from harness.transport.process import ProcessTransport
+from harness.transport.slurm import JOB_ID, SlurmTransport
+
+GRANTED = re.compile(r"Granted job allocation (\d+)")
+QUERY_TIMEOUT_S = 60       # squeue, scontrol, scancel
+SALLOC_SLACK_S = 60        # past --immediate, before the harness stops waiting for salloc itself
+JOB_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+def salloc_command(settings: SlurmSettings, *, nodes: int, name: str) -> str:
+    """salloc's command line: every value validated (the inventory's model, here) and quoted."""
+    if not JOB_NAME.match(name):
+        raise ValueError(f"not a job name: {name!r}")
+    words = ["salloc", "--no-shell", f"--immediate={max(1, round(settings.wait_s))}", f"--job-name={name}",
+             f"--nodes={nodes}", "--ntasks-per-node=1"]
+    if settings.gpus_per_node:
+        words.append(f"--gpus-per-node={settings.gpus_per_node}")
+    for flag in ("partition", "account", "time"):
+        if (value := getattr(settings, flag)) is not None:
+            words.append(f"--{flag}={value}")
+    return shlex.join(words)
+
+
+def granted_job(said: str) -> str | None:
+    """The job id in salloc's `Granted job allocation N`, if it said so."""
+    found = GRANTED.search(said)
+    return found[1] if found else None
+
+
+def node_names(said: str, *, expected: int) -> list[str]:
+    """The node names `scontrol show hostnames` printed, one a line, each checked."""
+    names = [line.strip() for line in said.splitlines() if line.strip()]
+    bad = [n for n in names if not HOST_NAME.match(n)]
+    if bad:
+        raise HarnessError(f"Slurm named a node {bad[0][:80]!r}: not a host name the harness accepts")
+    if len(names) != expected or len(set(names)) != len(names):
+        raise HarnessError(f"the allocation has nodes {names[:20]}, not {expected} distinct ones")
+    return names
+
+
+class Allocation:
+    """One Slurm group's allocation: requested on its login host, its nodes, released at the end."""
+
+    def __init__(self, cluster: str, settings: SlurmSettings, nodes: int, *, login: HostSpec, name: str,
+                 connect: Connect, log: Callable[[str], None]):
+        self.cluster, self.settings, self.count, self.login = cluster, settings, nodes, login
+        self.name, self.connect, self.log = name, connect, log
+        self.job_id: str | None = None
+        self.nodes: list[str] = []
+
+    def _run(self, command: str, *, timeout: float):
+        link = self.connect(self.login)
+        try:
+            return link.run(command, timeout=timeout, check=False)
+        finally:
+            link.close()
+
+    def request(self) -> None:
+        """Wait (bounded by slurm.wait_s) for the allocation and learn its nodes; HarnessError if
+        it was not granted, after withdrawing the request."""
+        where = f"slurm group {self.cluster!r} (login {self.login.name})"
+        self.log(f"{where}: asking for {self.count} node{'s' * (self.count > 1)}, waiting up to "
+                 f"{self.settings.wait_s:g} s (job name {self.name})")
+        command = salloc_command(self.settings, nodes=self.count, name=self.name)
+        try:
+            said = self._run(command, timeout=self.settings.wait_s + SALLOC_SLACK_S)
+        except HarnessError as e:
+            raise HarnessError(f"{where}: salloc did not answer: {e}") from None
+        job = granted_job(said.stderr)
+        if not said.ok or job is None:
+            lines = [line for line in said.stderr.splitlines() if line.strip()]
+            why = lines[-1].strip()[:400] if lines else f"salloc exited with {said.exit_code}"
+            raise HarnessError(f"{where}: no allocation within {self.settings.wait_s:g} s ({why})"
+                               + self._reason())
+        self.job_id = job
+        listed = self._run(f"squeue -h -j {job} -o %N", timeout=QUERY_TIMEOUT_S)
+        hostlist = listed.stdout.strip()
+        if not listed.ok or not hostlist or not re.fullmatch(r"[A-Za-z0-9_.,\-\[\]]+", hostlist):
+            raise HarnessError(f"{where}: job {job} was granted but squeue names no nodes for it "
+                               f"({(listed.stderr or listed.stdout).strip()[:300]!r})")
+        expanded = self._run(f"scontrol show hostnames {shlex.quote(hostlist)}", timeout=QUERY_TIMEOUT_S)
+        self.nodes = node_names(expanded.stdout, expected=self.count)
+        self.log(f"{where}: job {job} granted on {', '.join(self.nodes)}")
+
+    def _reason(self) -> str:
+        """Why Slurm held the request back, as squeue says while it still knows the job (MinJobAge)."""
+        try:
+            said = self._run(f"squeue -h -t all --name={shlex.quote(self.name)} -o %i/%r", timeout=QUERY_TIMEOUT_S)
+        except HarnessError:
+            return ""
+        reasons = [line.strip() for line in said.stdout.splitlines()
+                   if re.fullmatch(r"\d+/[\w(),: -]{1,200}", line.strip())]
+        if not said.ok or not reasons:
+            return ""
+        job, _, reason = reasons[-1].partition("/")
+        return f"; squeue gives job {job} the reason {reason}"
+
+    def release(self) -> None:
+        """scancel the job (or, when its id never came, every job of ours with its name); the error of
+        a release that failed is said, not raised: the sweep's own outcome comes first."""
+        if self.job_id is not None:
+            assert JOB_ID.match(self.job_id)
+            command, what = f"scancel {self.job_id}", f"job {self.job_id}"
+        else:
+            command = f"scancel --user=\"$(id -un)\" --name={shlex.quote(self.name)}"
+            what = f"any job named {self.name}"
+        try:
+            done = self._run(command, timeout=QUERY_TIMEOUT_S)
+        except HarnessError as e:
+            self.log(f"slurm group {self.cluster!r}: could not release {what}: {e}; it ends at its time limit")
+            return
+        if not done.ok:
+            self.log(f"slurm group {self.cluster!r}: scancel of {what} said: {done.stderr.strip()[:300]}")
+        elif self.job_id is not None:
+            self.log(f"slurm group {self.cluster!r}: released job {self.job_id}")
+
+
+class NodeConnect:
+    """The executor's `connect`: an allocated node through srun on its login host, any other host as
+    before. One login connection per node connection, opened and closed with it."""
+
+    def __init__(self, nodes: dict[str, Allocation], base: Connect, pythons: dict[str, str] | None = None):
+        self.nodes, self.base, self.pythons = nodes, base, pythons or {}
+
+    def __call__(self, host: HostSpec) -> Transport:
+        allocation = self.nodes.get(host.name)
+        if allocation is None:
+            return self.base(host)
+        assert allocation.job_id is not None  # only granted allocations are here
+        login = self.base(allocation.login)
+        if not isinstance(login, ProcessTransport):
+            login.close()
+            raise HarnessError(f"the login host {allocation.login.name} has a transport srun cannot run over")
+        return SlurmTransport(host, login, job_id=allocation.job_id, node=host.address or host.name,
+                              python=self.pythons.get(host.name, "python3"))
+
+
+def login_spec(sweep: Sweep, settings: SlurmSettings) -> HostSpec:
+    if settings.login is None:
+        return HostSpec(name="localhost", transport="local")
+    return sweep.inventory.hosts[settings.login].spec()
+
+
+@contextmanager
+def allocations(sweep: Sweep, *, connect: Connect = connect_over_transport,
+                log: Callable[[str], None] = print) -> Iterator[tuple[Sweep, Connect]]:
+    """The sweep with its Slurm slots replaced by allocated nodes, and the connect that reaches
+    them; every allocation released on the way out, whatever the way. A sweep without a Slurm group
+    comes back as it is."""
+    clusters: dict[str, list[Host]] = {}
+    for h in sweep.hosts:
+        if h.slurm is not None:
+            clusters.setdefault(h.cluster or h.name, []).append(h)
+    if not clusters:
+        yield sweep, connect
+        return
+    made: list[Allocation] = []
+    try:
+        bound: dict[str, Host] = {}
+        by_node: dict[str, Allocation] = {}
+        for cluster, slots in clusters.items():
+            settings = slots[0].slurm
+            assert settings is not None
+            name = f"harness-{sweep.sweep_id}-{cluster}"[:200]
+            allocation = Allocation(cluster, settings, len(slots), login=login_spec(sweep, settings),
+                                    name=name, connect=connect, log=log)
+            made.append(allocation)
+            allocation.request()
+            for slot, node in zip(slots, allocation.nodes, strict=True):
+                if node in sweep.inventory.hosts or node in by_node:
+                    raise HarnessError(f"slurm group {cluster!r}: node {node} has the name of another host "
+                                       "of the sweep; rename that host in the inventory")
+                bound[slot.name] = slot.model_copy(update={"name": node, "address": node})
+                by_node[node] = allocation
+        hosts = [bound.get(h.name, h) for h in sweep.hosts]
+        runs = [dataclasses.replace(r, hosts=tuple(bound.get(h.name, h) for h in r.hosts)) for r in sweep.runs]
+        # the node's wrapper runs in the venv's Python (the same path on every node)
+        pythons = {h.name: f"{h.venv}/bin/python" for h in bound.values() if h.venv}
+        yield dataclasses.replace(sweep, hosts=hosts, runs=runs), NodeConnect(by_node, connect, pythons)
+    finally:
+        for allocation in made:
+            allocation.release()

@@ -1,0 +1,317 @@
+"""A node of a Slurm allocation as a transport: every command a job step, run by srun on the login host.
+
+`SlurmTransport` is a `ProcessTransport` whose processes are the login host's: each command (and
+each file put and each tar-stream pull) becomes
+
+    srun --jobid J --overlap --nodelist NODE -N1 -n1 --quiet \
+        bash -c 'exec PYTHON -c "$1" "$2"' harness-step WRAPPER CMD
+
+run over the login host's own transport (SSH, or this machine). `--overlap` lets a step share the
+node with the steps still running (a server, the benchmark, the heartbeat, a pull); one task on one
+node is one command there. The run's lifecycle, its bounded output, its deadlines and the safe pull
+are the shared ones of harness/transport/process.py, unchanged (the deadline is kept here: the login
+transport's own timers get a step's whole life). WRAPPER, run on the node by the venv's Python
+(standard library only), adds:
+
+- the step's id: its first line is `harness-step JOB.STEP`, taken off the output before anyone reads
+  it and kept in `Result.step` (the manifest records the step that launched the server:
+  `placement.step_id`);
+- srun's own failures told apart from the command's: a step that never wrote that line never ran, so
+  a command that ends without it (the node down, the job gone, srun refused) raises UnreachableError
+  naming the node and job, and the executor treats the node as it treats a host that went away;
+- a step that lasts as long as what its command started. Slurm ends every process left in a step
+  when the step ends (proctrack/cgroup does, whatever setsid did), so the launch's step must outlive
+  the launch command while the server runs. The wrapper becomes the subreaper of what the command
+  starts and waits for all of it before it exits; the command's own end is marked in the output,
+  which comes framed (`LENGTH\n` and that many bytes, then `end CODE\n`), so `run` returns as soon
+  as the command ends, and the srun that holds the server's step is kept (`close` ends it, and with
+  it the server, should teardown not have).
+
+A run spanning several nodes gets one transport per node; each is its own (host, transport) pair.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.errors import CommandFailed, RemoteError, UnreachableError
+from harness.transport.base import HostSpec, Pulled, Result, Transport, output_tail, shell_path, text
+from harness.transport.process import Process, ProcessTransport
+
+STEP_LINE = re.compile(rb"^harness-step (\d+(?:_\d+)?)\.(\d+)$")
+FRAME = re.compile(rb"^(\d{1,7})$")
+END = re.compile(rb"^end (-?\d{1,5})$")
+JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+CHUNK = 65536      # the largest frame the wrapper writes (its os.read)
+HELD_S = 7 * 86400  # how long the login host's own timers let an srun live: a step may hold a server
+HEAD_LIMIT = 200   # a step line or a frame header is short: a longer line is not the wrapper's
+
+# What runs on the node (Python >= 3.9, standard library only). PR_SET_CHILD_SUBREAPER (36) makes what
+# the command leaves running (a server, setsid or not) our child once its parent exits, so the
+# step, and with it the server, lasts until all of it has ended.
+WRAPPER = """\
+import ctypes, os, subprocess, sys
+try:
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+out = sys.stdout.buffer
+env = os.environ
+out.write(("harness-step %s.%s\\n" % (env.get("SLURM_JOB_ID", ""), env.get("SLURM_STEP_ID", ""))).encode())
+out.flush()
+child = subprocess.Popen(["bash", "-c", sys.argv[1]], stdout=subprocess.PIPE)
+while True:
+    data = os.read(child.stdout.fileno(), 65536)
+    if not data:
+        break
+    out.write(b"%d\\n" % len(data) + data)
+    out.flush()
+code = child.wait()
+code = code if code >= 0 else 128 - code
+out.write(b"end %d\\n" % code)
+out.flush()
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+sys.exit(code)
+"""
+
+
+def srun_command(job_id: str, node: str, command: str, *, python: str = "python3") -> str:
+    """The login host's command line that runs `command` on `node` as a step of job `job_id`."""
+    if not JOB_ID.match(job_id):
+        raise ValueError(f"not a Slurm job id: {job_id!r}")
+    if not NODE_NAME.match(node):
+        raise ValueError(f"not a Slurm node name: {node!r}")
+    return shlex.join(["srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}", "-N1", "-n1",
+                       "--quiet", "bash", "-c", f'exec {shell_path(python)} -c "$1" "$2"', "harness-step",
+                       WRAPPER, command])
+
+
+class _StepProcess:
+    """The login host's srun, its output unframed: the step line told to `on_step`, the command's
+    bytes passed on, and its end (`end CODE`) read as the end of the output."""
+
+    def __init__(self, proc: Process, on_step, on_close):
+        self._proc, self._on_step, self._on_close = proc, on_step, on_close
+        self._buf = bytearray()
+        self._seen = False
+        self._open = True          # the stream has not ended
+        self.code: int | None = None   # the command's exit code, once its end frame came
+        self.given_up = False      # killed by the transport's close while it ran
+
+    def _line(self, deadline: float) -> bytes | None:
+        """The next whole line of the stream, None at its end."""
+        while b"\n" not in self._buf:
+            if len(self._buf) > HEAD_LIMIT:
+                raise RemoteError(f"srun's step wrote {text(bytes(self._buf[:80]))!r}: not the harness's wrapper")
+            chunk = self._proc.read(deadline)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        return line
+
+    def read(self, deadline: float) -> bytes:
+        if not self._open:
+            return b""
+        if not self._seen:
+            line = self._line(deadline)
+            found = STEP_LINE.match(line) if line is not None else None
+            if found is None:
+                self._open = False
+                if line is None:
+                    return b""   # it ended before the step line: srun never ran the command
+                raise RemoteError(f"srun's step began with {text(line[:80])!r}, not its step id: not the "
+                                  "harness's wrapper")
+            self._seen = True
+            self._on_step(f"{found[1].decode()}.{found[2].decode()}")
+        header = self._line(deadline)
+        if header is None:
+            self._open = False   # the step ended without its end frame: killed, or srun lost it
+            return b""
+        if (end := END.match(header)) is not None:
+            self._open, self.code = False, int(end[1])
+            return b""
+        frame = FRAME.match(header)
+        if frame is None or int(frame[1]) > CHUNK:
+            raise RemoteError(f"srun's step wrote {text(header[:80])!r} where a frame begins: not the "
+                              "harness's wrapper")
+        size = int(frame[1])
+        while len(self._buf) < size:
+            chunk = self._proc.read(deadline)
+            if not chunk:
+                self._open = False
+                return b""
+            self._buf += chunk
+        data = bytes(self._buf[:size])
+        del self._buf[:size]
+        return data
+
+    def wait(self, deadline: float) -> int:
+        if self.code is not None:
+            return self.code   # the command ended; the step may go on holding what it started
+        return self._proc.wait(deadline)
+
+    def running(self) -> bool:
+        """Whether the srun itself still runs (the step holds a server)."""
+        try:
+            self._proc.wait(time.monotonic() + 0.1)   # long enough to see its pipes' end
+        except TimeoutError:
+            return True
+        return False
+
+    def stderr(self) -> bytes:
+        return self._proc.stderr()
+
+    def kill(self) -> None:
+        self._proc.kill()   # SIGTERM first: srun passes it on to the step's processes
+
+    def close(self) -> None:
+        self._on_close(self)
+
+    def release(self) -> None:
+        self._proc.close()
+
+
+
+class SlurmTransport(ProcessTransport):
+    """Node `node` of job `job_id`, reached through `login` (a transport the caller opened; closed
+    with this one). `host` names the node as the sweep knows it."""
+
+    def __init__(self, host: HostSpec, login: Transport, *, job_id: str, node: str, python: str = "python3"):
+        srun_command(job_id, node, ":")   # validates both
+        if not isinstance(login, ProcessTransport):   # the SSH and the local transport are
+            raise TypeError(f"srun runs over a ProcessTransport, not {type(login).__name__}")
+        self.host, self.login, self.job_id, self.node, self.python = host, login, job_id, node, python
+        self._spawner: ProcessTransport = login
+        # the sruns in flight: `close` (the heartbeat, once the node is lost) kills them, since an
+        # srun whose node died waits on it forever, and a local login has no connection to drop
+        self._live: set[_StepProcess] = set()
+        self._kept: list[_StepProcess] = []   # ended commands whose steps hold what they started
+        self._lock = threading.Lock()
+        self._current: _StepProcess | None = None   # the last command's (one thread uses a transport)
+        self.step: str | None = None   # the last command's step, None while it has not started
+
+    @property
+    def compress_pulls(self) -> bool:
+        return self._spawner.compress_pulls
+
+    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> Process:
+        self.step = None
+        self._reap()
+        # The deadline is kept here (ProcessTransport.run and pull stop waiting at it and kill the
+        # srun); the login transport's own timers (SSH: a watchdog, coreutils timeout) get the step's
+        # whole life instead, or they would end a kept srun, and the server its step holds, early.
+        srun = self._spawner._spawn(srun_command(self.job_id, self.node, command, python=self.python),
+                                    stdin=stdin, timeout=max(timeout, HELD_S))
+        with self._lock:
+            proc = self._current = _StepProcess(srun, self._started, self._done)
+            self._live.add(proc)
+        return proc
+
+    def _done(self, proc: _StepProcess) -> None:
+        """A command is over: its srun closed, or kept while its step holds what the command started."""
+        with self._lock:
+            self._live.discard(proc)
+            keep = proc.code is not None and not proc.given_up and proc.running()
+            if keep:
+                self._kept.append(proc)
+        if not keep:
+            proc.release()
+
+    def _reap(self) -> None:
+        """Close the kept sruns whose steps have ended (their servers stopped)."""
+        with self._lock:
+            ended = [p for p in self._kept if not p.running()]
+            self._kept = [p for p in self._kept if p not in ended]
+        for proc in ended:
+            proc.release()
+
+    def _started(self, step: str) -> None:
+        self.step = step
+
+    def _lost(self, command: str) -> UnreachableError:
+        return UnreachableError(f"node {self.node} of job {self.job_id} was given up on (its connection closed "
+                                "while the command ran)", host=self.host.name, command=command)
+
+    def _cut_short(self, command: str, result: Result) -> UnreachableError:
+        """The step ended before the command did: the wrapper itself was killed, by the node going
+        down, the job ending or srun losing the step; never the command's own failure (that comes
+        in its end frame)."""
+        said = result.stderr.strip().splitlines()
+        return UnreachableError(f"the step on node {self.node} of job {self.job_id} ended before its command did "
+                                f"(srun exit {result.exit_code}" + (f": {said[-1][:300]})" if said else ")"),
+                                host=self.host.name, command=command, output=result.stderr)
+
+    def _not_started(self, command: str, stderr: str) -> UnreachableError:
+        said = stderr.strip().splitlines()
+        return UnreachableError(f"srun could not run a step on node {self.node} of job {self.job_id}"
+                                + (f": {said[-1][:300]}" if said else ""),
+                                host=self.host.name, command=command, output=stderr)
+
+    def run(self, command: str, *, timeout: float, check: bool = True,
+            stdin: bytes | None = None) -> Result:
+        result = super().run(command, timeout=timeout, check=False, stdin=stdin)
+        if self._current is not None and self._current.given_up:
+            raise self._lost(command)
+        if self.step is None:
+            raise self._not_started(command, result.stderr)
+        if self._current is not None and self._current.code is None:
+            raise self._cut_short(command, result)
+        result = Result(result.command, result.exit_code, result.stdout, result.stderr, step=self.step)
+        if check and not result.ok:
+            raise CommandFailed(f"command exited with {result.exit_code}", exit_code=result.exit_code,
+                                host=self.host.name, command=command,
+                                output=output_tail(result.stdout.encode(), result.stderr.encode()))
+        return result
+
+    def put(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
+        target = shell_path(remote_path)
+        parent = shell_path(str(Path(remote_path).parent)) if "/" in remote_path else "."
+        # a name of its own: nodes often share the home folder, and two may upload the same file at once
+        tmp = shell_path(f"{remote_path}.tmp-{secrets.token_hex(4)}")
+        # umask 077 first: a secret is never readable by others, even before the chmod
+        self.run(f"umask 077 && mkdir -p {parent} && cat > {tmp} && chmod {mode:o} {tmp} && mv -f {tmp} {target} "
+                 f"|| {{ rc=$?; rm -f {tmp}; exit $rc; }}", timeout=120 + len(data) / 1e6, stdin=data)
+
+    def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
+             max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:
+        try:
+            return super().pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
+        except CommandFailed as e:
+            if self._current is not None and self._current.given_up:
+                raise self._lost(e.command or remote_dir) from None
+            if self.step is None:
+                raise self._not_started(e.command or remote_dir, e.output) from None
+            if self._current is not None and self._current.code is None:
+                raise self._cut_short(e.command or remote_dir, Result(e.command or "", e.exit_code, "",
+                                                                      e.output)) from None
+            raise
+
+    def placement(self, step: str | None) -> dict[str, Any]:
+        """Where a run on this node ran, for its manifest: `step` is the step that launched its server."""
+        return {"scheduler": "slurm", "job_id": self.job_id, "step_id": step, "nodes": [self.node]}
+
+    def close(self) -> None:
+        """Kill the sruns in flight (their commands fail as unreachable) and those still holding a
+        step (a server teardown did not stop ends with its step), then the login connection."""
+        with self._lock:
+            live, kept, self._kept = list(self._live), self._kept, []
+        for proc in live:
+            proc.given_up = True
+            proc.kill()
+        for proc in kept:
+            proc.kill()
+            proc.release()
+        self.login.close()
