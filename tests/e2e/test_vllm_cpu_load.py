@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import harness
-from tests.e2e.test_vllm_cpu import VENV
+from tests.e2e.test_vllm_cpu import VENV, vllm_inventory
 
 pytestmark = pytest.mark.e2e
 
@@ -21,11 +21,7 @@ INPUT_TOKENS = 100
 def test_every_prompt_is_exactly_input_tokens_as_vllm_counts_it(tmp_path, sshd):
     if not (VENV / ".ready").exists():
         pytest.skip(f"no real vLLM venv at {VENV}: run `make vllm-cpu`")
-    node = {"address": sshd.address, "port": sshd.port, "user": sshd.user,
-            "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts), "venv": str(VENV)}
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump({"all": {"vars": {"workdir": str(tmp_path / "remote-work")},
-                                                 "hosts": {"node1": node}}}))
+    inventory = vllm_inventory(tmp_path, sshd)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -8,19 +8,16 @@ cache (on by default) serves every request after the first from cache, which its
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 import yaml
 
 from harness.engines import get_engine
 from tests.conftest import harness
-from tests.remote_venv import REPO
+from tests.e2e.test_vllm_cpu import VENV, vllm_inventory
 
 pytestmark = pytest.mark.e2e
 
-VENV = Path(os.environ.get("HARNESS_VLLM_VENV", REPO / ".venv-vllm"))
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +25,7 @@ def sweep(tmp_path_factory, sshd):
     if not (VENV / ".ready").exists():
         pytest.skip(f"no real vLLM venv at {VENV}: run `make vllm-cpu`")
     tmp = tmp_path_factory.mktemp("vllm-telemetry")
-    node = {"address": sshd.address, "port": sshd.port, "user": sshd.user,
-            "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts), "venv": str(VENV)}
-    inventory = tmp / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump({"all": {"vars": {"workdir": str(tmp / "remote-work")},
-                                                 "hosts": {"node1": node}}}))
+    inventory = vllm_inventory(tmp, sshd)
     playbook = tmp / "vllm_cpu_telemetry.yaml"
     playbook.write_text(yaml.safe_dump({
         "name": "vllm-cpu-telemetry", "hosts": "node1", "engine": "vllm",
