@@ -47,7 +47,8 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
         counts={"runs": len(runs), "ok": sum(r.manifest.status == "ok" for r in runs),
                 "failed": sum(r.manifest.status == "failed" for r in runs),
                 "misses": sum(len(r["misses"]) for r in rows)},
-        charts=_charts(rows, runs, colors), kernels=_kernels(rows), failures=_failures(runs), hosts=_hosts(runs, rows),
+        charts=_charts(rows, runs, colors), workloads=_by_workload(rows, colors), kernels=_kernels(rows),
+        failures=_failures(runs), hosts=_hosts(runs, rows),
         telemetry=_telemetry(rows, runs, colors),
         roofline=_roofline_facts(runs, rows), has_roofline=any(r.get("theoretical_ms") for r in rows),
         time_note=time_note(rows),
@@ -76,32 +77,54 @@ def write_report(paths: list[Path], output: Path, *, baseline: str | None = None
     return output
 
 
+def _workloads(rows: list[dict]) -> dict[tuple[str | None, str], list[tuple[dict, float]]]:
+    """The measured levels (max_load's probes left out) by workload, in the rows' order: (scenario,
+    "concurrency" | "request_rate") -> [(row, its load)]; the single workload of the old keys is
+    (None, "concurrency")."""
+    out: dict[tuple[str | None, str], list[tuple[dict, float]]] = {}
+    for r in rows:
+        rate = r.get("request_rate")
+        load = rate if rate is not None else r["concurrency"]
+        if load and not r.get("probe"):
+            kind = "request_rate" if rate is not None else "concurrency"
+            out.setdefault((r.get("scenario"), kind), []).append((r, load))
+    return out
+
+
+LOAD_AXES = {"concurrency": "concurrency (requests in flight)", "request_rate": "request rate (requests a second)"}
+
+
+def _by_workload(rows: list[dict], colors: dict[str, str]) -> list[dict]:
+    """Per workload, throughput and ITL p50 against its load, a line per configuration."""
+    out = []
+    for (scenario, kind), levels in _workloads(rows).items():
+        throughput: dict[str, list] = {}
+        latency: dict[str, list] = {}
+        for r, load in levels:
+            if r.get("output_tok_s"):
+                throughput.setdefault(r["config"], []).append((load, r["output_tok_s"]))
+            if r.get("itl_ms_p50"):
+                latency.setdefault(r["config"], []).append((load, r["itl_ms_p50"]))
+        axis = LOAD_AXES[kind]
+        out.append({"title": f"scenario {scenario}" if scenario else "",
+                    "against": "request rate" if kind == "request_rate" else "concurrency",
+                    "throughput": Markup(plots.line_chart(throughput, colors, xlabel=axis, ylabel="output tokens/s"))
+                    if throughput else None,
+                    "latency": Markup(plots.line_chart(latency, colors, xlabel=axis, ylabel="ITL p50, ms"))
+                    if latency else None})
+    return out
+
+
 def _charts(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) -> dict[str, Markup]:
     charts = {}
-    # against concurrency: the closed-loop levels of one workload (the first scenario's, or the only one)
-    closed = [r for r in rows if r["concurrency"] and not r.get("probe")]
-    first = closed[0].get("scenario") if closed else None
-    rows = [r for r in closed if r.get("scenario") == first]
-    series: dict[str, list] = {}
-    for r in rows:
-        if r["concurrency"] and r.get("output_tok_s"):
-            series.setdefault(r["config"], []).append((r["concurrency"], r["output_tok_s"]))
-    if series:
-        charts["throughput"] = plots.line_chart(series, colors, xlabel="concurrency (requests in flight)",
-                                                ylabel="output tokens/s")
-    latency: dict[str, list] = {}
-    for r in rows:
-        if r["concurrency"] and r.get("itl_ms_p50"):
-            latency.setdefault(r["config"], []).append((r["concurrency"], r["itl_ms_p50"]))
-    if latency:
-        charts["latency_load"] = plots.line_chart(latency, colors, xlabel="concurrency (requests in flight)",
-                                                  ylabel="ITL p50, ms")
     gpus = {c["name"]: c.get("gpus") or 1 for c in _configs(runs)}
-    frontier: dict[str, list] = {}
-    for r in rows:
-        if r["concurrency"] and r.get("output_tok_s") and r.get("tpot_ms_p50"):
-            frontier.setdefault(r["config"], []).append(
-                (r["output_tok_s"] / gpus.get(r["config"], 1), 1000 / r["tpot_ms_p50"], f"c{r['concurrency']}"))
+    frontier: dict[str, list] = {}   # every configuration at every level of every scenario
+    for (scenario, kind), levels in _workloads(rows).items():
+        for r, load in levels:
+            if r.get("output_tok_s") and r.get("tpot_ms_p50"):
+                label = (f"{scenario} " if scenario else "") + (f"{load:g}/s" if kind == "request_rate" else f"c{load}")
+                frontier.setdefault(r["config"], []).append(
+                    (r["output_tok_s"] / gpus.get(r["config"], 1), 1000 / r["tpot_ms_p50"], label))
     if frontier:
         charts["pareto"] = plots.scatter_chart(frontier, colors, xlabel="output tokens/s per GPU",
                                                ylabel="tokens/s per user (1000 / TPOT p50)")
@@ -133,10 +156,11 @@ def _telemetry(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) 
     if not shown:
         return {"rows": [], "charts": {}, "timelines": [], "notes": notes} if notes else None
     charts = {}
+    closed = [r for r in shown if r["concurrency"] and not r.get("probe")]   # drawn: the first such workload's
     for key, label, scale in TELEMETRY_CHARTS:
         series: dict[str, list] = {}
-        for r in shown:
-            if r["concurrency"] and r["telemetry"].get(key) is not None:
+        for r in closed:
+            if r.get("scenario") == closed[0].get("scenario") and r["telemetry"].get(key) is not None:
                 series.setdefault(r["config"], []).append((r["concurrency"], r["telemetry"][key] * scale))
         if series:
             charts[key] = Markup(plots.line_chart(series, colors, xlabel="concurrency (requests in flight)",
