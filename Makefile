@@ -1,6 +1,6 @@
 # Two commands a new user needs:
 #   make demo   create the environment, install, sweep playbooks/demo.yaml on this machine, compare
-#   make test   create the environment, install what the tests need (OpenSSH server, a CPU build of vLLM), run every test
+#   make test   create the environment, install what the tests need (OpenSSH server, Slurm, a CPU build of vLLM), run every test
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
