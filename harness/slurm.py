@@ -10,7 +10,8 @@ command wraps the executor in `allocations(sweep)`, which
    allocation holds no process of its own that could die, and salloc reports the grant or the
    reason it could not be granted in words that go straight into the error;
 2. learns its nodes (`squeue -o %N`, expanded by `scontrol show hostnames`), each name checked, and
-   gives the executor a sweep whose hosts are those nodes (each slot's settings, named after its node)
+   gives the executor a sweep whose hosts are those nodes (each slot's settings, named after its node,
+   addressed by its NodeAddr, with a workdir of its own under the group's: `WORKDIR/NODE`)
    and a `connect` that reaches a node through `harness.transport.slurm` (srun over the login
    host's transport) and any other host as before;
 3. releases the allocation (`scancel`) however the sweep ends: finished, Ctrl-C, a fatal error, an
@@ -84,6 +85,7 @@ class Allocation:
         self.name, self.connect, self.log = name, connect, log
         self.job_id: str | None = None
         self.nodes: list[str] = []
+        self.addresses: dict[str, str] = {}
 
     def _run(self, command: str, *, timeout: float):
         link = self.connect(self.login)
@@ -117,7 +119,19 @@ class Allocation:
                                f"({(listed.stderr or listed.stdout).strip()[:300]!r})")
         expanded = self._run(f"scontrol show hostnames {shlex.quote(hostlist)}", timeout=QUERY_TIMEOUT_S)
         self.nodes = node_names(expanded.stdout, expected=self.count)
+        self.addresses = self._addresses()
         self.log(f"{where}: job {job} granted on {', '.join(self.nodes)}")
+
+    def _addresses(self) -> dict[str, str]:
+        """Each node's address as Slurm reaches it (its NodeAddr, `sinfo %o`): where the other nodes of
+        a server on several nodes meet node 0. A node's name where Slurm gives no usable address."""
+        said = self._run(f"sinfo -h -N -n {shlex.quote(','.join(self.nodes))} -o '%N %o'", timeout=QUERY_TIMEOUT_S)
+        found: dict[str, str] = {}
+        for line in (said.stdout.splitlines() if said.ok else []):
+            words = line.split()
+            if len(words) == 2 and words[0] in self.nodes and HOST_NAME.match(words[1]):
+                found.setdefault(words[0], words[1])
+        return {node: found.get(node, node) for node in self.nodes}
 
     def _reason(self) -> str:
         """Why Slurm held the request back, as squeue says while it still knows the job (MinJobAge)."""
@@ -168,7 +182,7 @@ class NodeConnect:
         if not isinstance(login, ProcessTransport):
             login.close()
             raise HarnessError(f"the login host {allocation.login.name} has a transport srun cannot run over")
-        return SlurmTransport(host, login, job_id=allocation.job_id, node=host.address or host.name,
+        return SlurmTransport(host, login, job_id=allocation.job_id, node=host.name,
                               python=self.pythons.get(host.name, "python3"))
 
 
@@ -207,7 +221,9 @@ def allocations(sweep: Sweep, *, connect: Connect = connect_over_transport,
                 if node in sweep.inventory.hosts or node in by_node:
                     raise HarnessError(f"slurm group {cluster!r}: node {node} has the name of another host "
                                        "of the sweep; rename that host in the inventory")
-                bound[slot.name] = slot.model_copy(update={"name": node, "address": node})
+                # a workdir of the node's own: the nodes of one run share the filesystem, not a run folder
+                bound[slot.name] = slot.model_copy(update={"name": node, "address": allocation.addresses[node],
+                                                           "workdir": f"{slot.workdir.rstrip('/')}/{node}"})
                 by_node[node] = allocation
         hosts = [bound.get(h.name, h) for h in sweep.hosts]
         runs = [dataclasses.replace(r, hosts=tuple(bound.get(h.name, h) for h in r.hosts)) for r in sweep.runs]

@@ -4,7 +4,8 @@ Debian's `slurm-wlm` and `munge` packages, nothing mocked. Every node's slurmd r
 namespace of its own (tests/netns.py), so each has its own address and the standard slurmd port,
 and `slurmd -N NAME` gives it its node name. slurmctld runs on this side, on the first node's
 gateway address (10.213.X.1) and a free port; each other namespace gets a host route to that address
-over its own link, the only route besides its /24, so nothing has a path off the machine. munged
+over its own link. The nodes reach one another as well (`routed`: a server on several nodes meets
+at node 0's address), and nothing has a path off the machine. munged
 runs with a key made for the test, its socket in the temporary folder (a Unix socket is reached from
 every namespace: they share the filesystem), and slurm.conf says where (`AuthInfo=socket=`).
 
@@ -215,7 +216,7 @@ def slurm_cluster(directory: Path, *, nodes: int = 2) -> Iterator[SlurmCluster]:
     if missing:
         pytest.skip(f"{', '.join(missing)} missing: install slurm-wlm and munge (make sshd does)")
     directory.mkdir(parents=True, exist_ok=True)
-    with netns_hosts(nodes, directory / "netns", sshd=False) as hosts:
+    with netns_hosts(nodes, directory / "netns", routed=True, sshd=False) as hosts:
         cluster = SlurmCluster(directory, hosts)
         try:
             yield cluster.start()

@@ -269,6 +269,18 @@ PROFILE_FIELDS = ("status", "mode", "files", "missing_ranks", "ranks_found", "ex
 """What the manifest keeps of the agent's answer to `profile`."""
 
 
+def placement(ctx: RunContext) -> dict[str, Any] | None:
+    """Where a scheduler put the run (node 0's step); a server on several nodes lists every node."""
+    if not isinstance(ctx.transport, Placed):
+        return None
+    where = ctx.transport.placement(ctx.found.server_step)
+    for peer in ctx.peers:
+        if isinstance(peer.transport, Placed):
+            where["nodes"] = [*where["nodes"], *(n for n in peer.transport.placement(None)["nodes"]
+                                                 if n not in where["nodes"])]
+    return where
+
+
 def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles, *, started: float,
                    finished: float) -> RunManifest:
     """The manifest of a run from what its stages found and its files said; reads and writes nothing."""
@@ -282,8 +294,7 @@ def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles
                    "env": redact.env({**ctx.rendered.env, **ctx.rendered.secret_env}, sweep.secret_names)},
         "repeat": ctx.run.repeat,
         "host": ctx.host.public(redact),
-        "placement": (ctx.transport.placement(found.server_step) if isinstance(ctx.transport, Placed)
-                      else None),
+        "placement": placement(ctx),
         "engine": sweep.engine.name,
         "protocol": sweep.engine.speaks,
         "model": sweep.playbook.model.model_dump(),

@@ -26,7 +26,7 @@ from harness.transport.base import KILL_BUDGET_S
 from harness.transport.slurm import SlurmTransport
 from harness.transport.ssh import REMOTE_GRACE_S
 from tests.conftest import harness
-from tests.e2e.test_sweep import manifests, playbook, sweep_dir
+from tests.e2e.test_sweep import FAST, manifests, playbook, sweep_dir
 from tests.slurm import slurm_cluster
 from tests.sshd import Sshd
 
@@ -82,6 +82,36 @@ def test_a_sweep_over_a_two_node_allocation_runs_each_run_on_a_node_and_releases
     assert not cluster.jobs(HELD), cluster.jobs()
     # every step launched a server from a node of its own: the step ids differ
     assert len({m["placement"]["step_id"] for m in found.values()}) == 4
+
+
+def test_a_server_on_both_nodes_of_the_allocation_serves_from_both_and_releases_it(tmp_path, cluster,
+                                                                                   remote_venv):
+    """`nodes: 2` inside the allocation: node 1 meets node 0 at its NodeAddr, both nodes' logs and
+    traces come back, and the manifest names the job and both nodes."""
+    results = tmp_path / "r"
+    pb = playbook(tmp_path, hosts="cluster", configs=[{"name": "tp2", "nodes": 2, "args": {"tp-size": 2}}],
+                  server={"port": 30778, "host": "0.0.0.0", "env": dict(FAST), "startup_timeout_s": 60})
+    run = harness("sweep", pb, "-i", slurm_inventory(tmp_path, remote_venv), "-o", results, env=cluster.env)
+    assert run.returncode == 0, run.stdout + run.stderr + cluster.logs()
+    (m,) = manifests(results).values()
+    assert m["status"] == "ok", m["error"]
+    head, peer = m["host"]["name"], ({*cluster.names} - {m["host"]["name"]}).pop()
+    addresses = dict(zip(cluster.names, (n.address for n in cluster.nodes), strict=True))
+    placement = m["placement"]
+    assert placement["scheduler"] == "slurm" and placement["nodes"] == [head, peer]
+    assert placement["step_id"].startswith(placement["job_id"] + ".")
+    assert [(n["rank"], n["host"], n["dir"]) for n in m["nodes"]] == [(0, head, "."), (1, peer, "nodes/node1")]
+    assert m["nodes"][0]["address"] == addresses[head]       # Slurm's NodeAddr, reached from node 1
+    d = sweep_dir(results) / "runs" / "tp2-1"
+    assert all(lv["completed"] == 4 and lv["failed"] == 0
+               for lv in json.loads((d / "bench.json").read_text())["levels"])
+    assert "node 1 joined" in (d / "server.log").read_text()
+    assert "joined node 0" in (d / "nodes" / "node1" / "server.log").read_text()
+    assert m["profile"]["status"] == "ok" and m["profile"]["ranks_found"] == 2, m["profile"]
+    assert len(list((d / "profile").glob("*.json.gz"))) == 1
+    assert len(list((d / "profile" / "node1").glob("*.json.gz"))) == 1
+    assert f"released job {placement['job_id']}" in run.stderr
+    assert not cluster.jobs(HELD), cluster.jobs()
 
 
 @pytest.mark.parametrize("fault", ["partition_down", "more_nodes_than_the_cluster_has"])
