@@ -1,7 +1,7 @@
 """How much a night of crashes costs: a sweep killed N times at random instants and resumed, against
 the same sweep run cleanly (docs/reliability.md case 12; goal: the same result set within 1.5x the clean time).
 
-    .venv/bin/python benchmarks/kill_resume.py [--configs 6] [--kills 3] [--seed 1]
+    .venv/bin/python benchmarks/kill_resume.py [--configs 6] [--kills 3] [--random-state 1]
 
 The hosts are this machine (local transport) and the engine is the simulator. Each kill is a SIGKILL of
 the orchestrator at a random moment of the clean sweep's duration; `--resume` then picks up, stopping the
@@ -47,9 +47,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--configs", type=int, default=6)
     p.add_argument("--kills", type=int, default=3)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--random-state", type=int, default=1)
     a = p.parse_args()
-    rng = random.Random(a.seed)
+    rng = random.Random(a.random_state)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         inv = tmp / "inventory.yaml"

@@ -49,9 +49,9 @@ from tests.sshd import Sshd  # noqa: E402
 MB = 1_000_000
 
 
-def kineto_json(size: int, seed: int) -> bytes:
+def kineto_json(size: int, random_state: int) -> bytes:
     """A Kineto-shaped trace (traceEvents of kernels with names, timestamps, durations) of about `size` bytes."""
-    rng = random.Random(seed)
+    rng = random.Random(random_state)
     kernels = [f"void at::native::elementwise_kernel<{i}, 4>(int, {rng.getrandbits(32):x})" for i in range(64)]
     events, total, ts = [], 0, 1_700_000_000_000
     while total < size:
@@ -65,8 +65,8 @@ def kineto_json(size: int, seed: int) -> bytes:
     return ('{"schemaVersion": 1, "traceEvents": [\n' + ",\n".join(events) + "\n]}\n").encode()
 
 
-def server_log(size: int, seed: int) -> bytes:
-    rng = random.Random(seed)
+def server_log(size: int, random_state: int) -> bytes:
+    rng = random.Random(random_state)
     lines, total = [], 0
     while total < size:
         line = (f"[2026-11-30 17:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d} TP{rng.randint(0, 7)}] "

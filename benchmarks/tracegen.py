@@ -64,12 +64,12 @@ PY_FRAMES = ("vllm/v1/worker/gpu_model_runner.py(2410): execute_model",
              "torch/nn/modules/module.py(1773): _call_impl", "threading.py(327): wait")
 
 
-def generate(path: Path, *, mb: float, layout: str = "torch", seed: int = 0, rank: int = 0,
+def generate(path: Path, *, mb: float, layout: str = "torch", random_state: int = 0, rank: int = 0,
              python_share: float = 0.3) -> dict:
     """Write the trace to `path` (gzip'd when it ends in .gz) and return its truth."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}")
-    gen = _Generator(path, layout=layout, seed=seed, rank=rank, python_share=python_share)
+    gen = _Generator(path, layout=layout, random_state=random_state, rank=rank, python_share=python_share)
     try:
         gen.run(int(mb * (1 << 20)))
     finally:
@@ -78,12 +78,12 @@ def generate(path: Path, *, mb: float, layout: str = "torch", seed: int = 0, ran
 
 
 class _Generator:
-    def __init__(self, path: Path, *, layout: str, seed: int, rank: int, python_share: float):
+    def __init__(self, path: Path, *, layout: str, random_state: int, rank: int, python_share: float):
         self.path, self.layout, self.rank = Path(path), layout, rank
         self.raw: BinaryIO = open(self.path, "wb")  # noqa: SIM115  (the generator owns the file: close() closes it)
         self.out: BinaryIO = (gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=3)
                               if self.path.name.endswith(".gz") else self.raw)
-        self.rng = random.Random(seed * 7919 + rank)
+        self.rng = random.Random(random_state * 7919 + rank)
         self.python_share = python_share
         self.encoder = {"lines": json.JSONEncoder(), "compact": json.JSONEncoder(),
                         "tight": json.JSONEncoder(separators=(",", ":")),
@@ -266,11 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="the trace to write; gzip'd when it ends in .gz")
     parser.add_argument("--mb", type=float, default=250.0, help="size of the JSON text in MiB")
     parser.add_argument("--layout", choices=LAYOUTS, default="torch")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--random-state", type=int, default=0)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--truth", type=Path, help="where to write the truth (default OUT.truth.json)")
     args = parser.parse_args(argv)
-    truth = generate(args.out, mb=args.mb, layout=args.layout, seed=args.seed, rank=args.rank)
+    truth = generate(args.out, mb=args.mb, layout=args.layout, random_state=args.random_state, rank=args.rank)
     truth_path = args.truth or args.out.with_name(args.out.name.split(".")[0] + ".truth.json")
     truth_path.write_text(json.dumps(truth, indent=1, ensure_ascii=False))
     print(f"wrote {args.out} ({truth['json_bytes'] / (1 << 20):.1f} MiB of JSON, {truth['steps']} steps) "

@@ -31,7 +31,8 @@ def traces(tmp_path_factory) -> dict:
         for mb in (0.05, 0.6):
             for suffix in (".json", ".json.gz"):
                 path = directory / f"{layout}-{mb}.trace{suffix}"
-                out[(layout, mb, suffix)] = path, tracegen.generate(path, mb=mb, layout=layout, seed=int(mb * 10))
+                truth = tracegen.generate(path, mb=mb, layout=layout, random_state=int(mb * 10))
+                out[(layout, mb, suffix)] = path, truth
     return out
 
 

@@ -17,7 +17,7 @@ def test_an_interval_holds_the_median_and_is_the_same_every_time():
     values = [10.0, 10.4, 9.8, 10.1, 10.3, 9.9]
     lo, hi = bootstrap_ci(values)
     assert lo <= 10.05 <= hi and hi - lo < 1
-    assert bootstrap_ci(values) == (lo, hi)                       # seeded: one folder, one answer
+    assert bootstrap_ci(values) == (lo, hi)                       # a fixed random_state: one folder, one answer
     assert bootstrap_ci([3.0]) is None and grouped_ci([[1.0, 2.0]]) is None
 
 

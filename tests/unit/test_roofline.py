@@ -28,7 +28,7 @@ def level(concurrency=1, itl_p50=97.0, output_per_request=50):
                       itl_ms={"p50": itl_p50})
 
 
-def test_the_seeds_glm5_on_eight_blackwells_is_3_24_ms_and_97_ms_measured_reads_3_3_percent():
+def test_the_glm5_campaign_on_eight_blackwells_is_3_24_ms_and_97_ms_measured_reads_3_3_percent():
     roof = roofline_for(manifest(), level(itl_p50=97.0), 16)
     assert round(roof["theoretical_ms"], 2) == 3.24
     assert round(roof["theoretical_tok_s"]) == 309

@@ -17,7 +17,7 @@ def model(engine: str, *args: str) -> LatencyModel:
 SEEDS = ("--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3")
 
 
-def test_the_default_scale_is_the_seeds_glm5_tp8_measurement():
+def test_the_default_scale_is_the_glm5_campaigns_tp8_measurement():
     m = model("sglang", *SEEDS)
     assert m.itl_ms(1) == pytest.approx(97.0, abs=0.1)
     assert m.ttft_ms(16) == pytest.approx(175.0, abs=0.5)
