@@ -529,6 +529,14 @@ class Playbook(Strict):
     def optuna(self) -> Optuna | None:
         return self.search.optuna if self.search is not None else None
 
+    def _scenarios_of(self, config: Config) -> list[Scenario] | None:
+        """A configuration's scenarios (its own or the playbook's), None when one is not valid."""
+        try:
+            return [Scenario.model_validate(sc) if isinstance(sc, dict) else sc
+                    for sc in config.benchmark.get("scenarios", self.benchmark.scenarios)]
+        except ValidationError:
+            return None
+
     @model_validator(mode="after")
     def _workloads(self):
         """Scenarios replace the single workload's keys (a playbook says one or the other, so no level
@@ -545,10 +553,8 @@ class Playbook(Strict):
                                  "and concurrency or request_rate instead")
         ml = self.search.max_load if self.search is not None else None
         for c in self.all_configs:
-            try:
-                scenarios = [Scenario.model_validate(sc) if isinstance(sc, dict) else sc
-                             for sc in c.benchmark.get("scenarios", self.benchmark.scenarios)]
-            except ValidationError:
+            scenarios = self._scenarios_of(c)
+            if scenarios is None:
                 continue   # the plan names the configuration's bad scenario, with its line
             searched = (ml.scenario or scenarios[0].name) if ml is not None and scenarios else None
             empty = next((sc.name for sc in scenarios if not sc.loads and sc.name != searched), None)
@@ -562,11 +568,9 @@ class Playbook(Strict):
         if ml.low > ml.high:
             raise ValueError(f"search.max_load: low {ml.low:g} is above high {ml.high:g}")
         for c in self.all_configs:
-            try:
-                scenarios = [Scenario.model_validate(sc) if isinstance(sc, dict) else sc
-                             for sc in c.benchmark.get("scenarios", self.benchmark.scenarios)]
-            except ValidationError:
-                continue
+            scenarios = self._scenarios_of(c)
+            if scenarios is None:
+                continue   # the plan names the configuration's bad scenario, with its line
             names = [sc.name for sc in scenarios]
             if not names:
                 raise ValueError(f"configuration {c.name}: search.max_load needs benchmark.scenarios (the "
