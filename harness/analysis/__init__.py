@@ -36,10 +36,11 @@ import pickle
 import statistics
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from harness.analysis.categories import NAMES, categorize
-from harness.analysis.kineto import event_start_at, is_gzip
+from harness.analysis.kineto import event_start_at, json_size
 from harness.analysis.summary import FileSummary, Totals, summarize, summarize_range
 from harness.engines import TraceNaming, naming_for
 from harness.errors import InputError
@@ -190,15 +191,21 @@ def _worker_results(proc: subprocess.Popen | None, ranges: list[Range]) -> list[
 
 
 def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:
-    """Byte ranges of a plain file that each start at an event (the first at the file's start)."""
-    size = path.stat().st_size
-    if pieces < 2 or size < RANGE_MIN_BYTES or is_gzip(path):
+    """Byte ranges of a file's JSON text that each start at an event (the first at the text's start).
+    A gzip'd file's are found by inflating it up to each (here, and again by the range's reader: a
+    cost alike for all, so equal parts stay even). A file whose ranges cannot be found is read whole
+    (a broken file then fails where it is read, naming itself)."""
+    size = json_size(path) if pieces > 1 else None
+    if size is None or size < RANGE_MIN_BYTES:
         return [(0, None)]
     starts = [0]
-    for k in range(1, pieces):
-        start = event_start_at(path, size * k // pieces)
-        if start is not None and start > starts[-1]:
-            starts.append(start)
+    try:
+        for k in range(1, pieces):
+            start = event_start_at(path, size * k // pieces)
+            if start is not None and start > starts[-1]:
+                starts.append(start)
+    except (OSError, EOFError, zlib.error):
+        return [(0, None)]
     return list(zip(starts, starts[1:] + [None], strict=True))
 
 

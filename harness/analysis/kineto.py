@@ -1,11 +1,12 @@
 """Stream the events of a torch.profiler (Kineto) Chrome trace without holding the file in memory.
 
 Traces are often gigabytes, so the file (plain, or gzip read as a stream) is read as bytes in chunks
-of a few megabytes and only the current chunk is held. The top-level object is walked key by key:
+of a megabyte and only the current chunk is held. The top-level object is walked key by key:
 small values (`distributedInfo`, `deviceProperties`, ...) are decoded whole into `meta`, wherever
 they sit relative to `traceEvents`. From the events array only complete events of the wanted
 categories come out, as `Event` tuples. A byte range of the array can be read on its own (see
-`event_start_at`), which is how one large file is shared between worker processes.
+`event_start_at`), which is how one large file is shared between worker processes; the bytes are
+those of the JSON text, so a gzip'd file's range is found by inflating the stream up to it.
 
 Most of a trace is events nobody asked for (runtime calls, flows, Python frames, args), so the wanted
 ones are found with one regular expression over the raw bytes, without decoding anything else:
@@ -34,14 +35,12 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import queue
 import re
-import threading
 import zlib
 from collections.abc import Callable, Generator, Iterator
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 from harness.errors import InputError
 
@@ -86,22 +85,46 @@ def iter_event_batches(path: Path, meta: dict, wanted: frozenset[str], *, start:
     (truncated gzip, broken JSON, no traceEvents) becomes an InputError that names the file.
     """
     try:
-        gzipped = is_gzip(path)
-        with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
-            f.seek(start)
-            with _Prefetch(f.read) if gzipped else _Direct(f.read) as read:
-                yield from _Parser(read, meta, wanted, base=start, stop=stop).events(in_array=start > 0)
+        with _open_at(path, start) as f:
+            yield from _Parser(f.read, meta, wanted, base=start, stop=stop).events(in_array=start > 0)
     except (OSError, EOFError, zlib.error, ValueError) as e:
         # JSONDecodeError and gzip.BadGzipFile are ValueError and OSError; EOFError is a cut gzip.
         raise InputError(f"not a readable trace: {e}", file=str(path)) from e
 
 
-def event_start_at(path: Path, offset: int) -> int | None:
-    """The first byte of the first event that starts at or after `offset` of a plain file, if any
-    is found within a chunk of it."""
+def json_size(path: Path) -> int | None:
+    """The bytes of JSON text a trace holds: a plain file's size, a gzip stream's from its trailer
+    (the length of its last member modulo 2**32, so None when that cannot be the whole text)."""
+    size = path.stat().st_size
+    if not is_gzip(path):
+        return size
     with open(path, "rb") as f:
-        f.seek(max(0, offset - 4096))
-        lead = offset - f.tell()
+        f.seek(max(0, size - 4))
+        inflated = int.from_bytes(f.read(4), "little")
+    return inflated if inflated >= size else None
+
+
+@contextlib.contextmanager
+def _open_at(path: Path, offset: int) -> Iterator[IO[bytes] | gzip.GzipFile]:
+    """The file's JSON text from byte `offset` on: a gzip stream is inflated up to there (in chunks:
+    GzipFile.seek inflates 8 kB at a time)."""
+    if not is_gzip(path):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            yield f
+        return
+    with gzip.open(path, "rb") as f:
+        left = offset
+        while left > 0 and (skipped := len(f.read(min(left, CHUNK_BYTES)))):
+            left -= skipped
+        yield f
+
+
+def event_start_at(path: Path, offset: int) -> int | None:
+    """The first byte (of the JSON text) of the first event that starts at or after `offset`, if any
+    is found within a chunk of it. A gzip'd file is inflated up to there."""
+    with _open_at(path, max(0, offset - 4096)) as f:
+        lead = offset - max(0, offset - 4096)
         buf = f.read(CHUNK_BYTES)
     brace = buf.find(b"{", lead)
     while brace >= 0:
@@ -128,60 +151,6 @@ def _is_event_start(buf: bytes, brace: int, lo: int) -> bool:
     except ValueError:
         return False
     return isinstance(value, dict) and "ph" in value
-
-
-class _Direct:
-    """A plain file's `read`, in the shape of `_Prefetch`."""
-
-    def __init__(self, read: Callable[[int], bytes]):
-        self.read = read
-
-    def __enter__(self) -> Callable[[int], bytes]:
-        return self.read
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-class _Prefetch(_Direct):
-    """`read`, run one chunk ahead in a thread: zlib lets go of the GIL while it inflates, so a gzip'd
-    file's decompression overlaps the scanning of the chunk before."""
-
-    def __init__(self, read: Callable[[int], bytes]):
-        super().__init__(read)
-        self.chunks: queue.Queue = queue.Queue(maxsize=2)
-        self.closed = threading.Event()
-        self.done = False
-        self.thread = threading.Thread(target=self._pump, daemon=True)
-
-    def __enter__(self) -> Callable[[int], bytes]:
-        self.thread.start()
-        return self._next
-
-    def __exit__(self, *exc) -> None:
-        self.closed.set()
-        while self.thread.is_alive():  # unblock a pump waiting for room, then let it see `closed`
-            with contextlib.suppress(queue.Empty):
-                self.chunks.get(timeout=0.05)
-
-    def _pump(self) -> None:
-        try:
-            while not self.closed.is_set():
-                chunk = self.read(CHUNK_BYTES)
-                self.chunks.put(chunk)
-                if not chunk:
-                    return
-        except BaseException as e:  # handed to the reader, which raises it
-            self.chunks.put(e)
-
-    def _next(self, _size: int) -> bytes:
-        if self.done:
-            return b""
-        item = self.chunks.get()
-        if isinstance(item, BaseException):
-            raise item
-        self.done = not item
-        return item
 
 
 class _Parser:

@@ -3,6 +3,7 @@ whether one process reads a file or several share it by byte ranges."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -64,9 +65,11 @@ def test_the_fast_path_reads_chunks_after_the_first_and_still_gives_the_truth(tr
     assert_summary_is_the_truth(*traces[(layout, 0.6, ".json.gz")])
 
 
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
 @pytest.mark.parametrize("layout", tracegen.LAYOUTS)
-def test_byte_ranges_read_by_worker_processes_join_into_the_truth(traces, monkeypatch, layout):
-    path, truth = traces[(layout, 0.6, ".json")]
+def test_byte_ranges_read_by_worker_processes_join_into_the_truth(traces, monkeypatch, layout, suffix):
+    """A gzip'd file's ranges are ranges of its JSON text, found by inflating up to them."""
+    path, truth = traces[(layout, 0.6, suffix)]
     monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
     monkeypatch.setattr(analysis.os, "cpu_count", lambda: 5)  # five ranges, however many cores
@@ -167,3 +170,15 @@ def test_kernels_out_of_start_order_give_the_same_figures(tmp_path):
     ordered, shuffled = summarize(tmp_path / "in_order.trace.json"), summarize(tmp_path / "shuffled.trace.json")
     assert (shuffled.busy_us, shuffled.window_us) == (ordered.busy_us, ordered.window_us) == (5.0 + 5.0 + 1.0, 41.0)
     assert shuffled.kernels == ordered.kernels
+
+
+def test_a_gzip_stream_whose_trailer_cannot_give_its_length_is_read_whole(tmp_path):
+    text = b'{"traceEvents": [' + b", ".join([b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 1, '
+                                             b'"ts": 1.0, "dur": 1.0}'] * 1000) + b"]}"
+    path = tmp_path / "odd.trace.json.gz"
+    path.write_bytes(gzip.compress(text))
+    assert kineto.json_size(path) == len(text)
+    trailer = path.read_bytes()
+    path.write_bytes(trailer[:-4] + (1).to_bytes(4, "little"))   # a length shorter than the file: wrapped
+    assert kineto.json_size(path) is None
+    assert analysis._ranges(path, 4) == [(0, None)]
