@@ -33,13 +33,16 @@ def launch(ctx: RunContext) -> int:
     # (touched by the orchestrator's heartbeat) lapses, so a dead orchestrator leaves no orphan.
     watch = ctx.agent_command("watch", "--pid-file", paths.pid_file, "--lease", paths.lease,
                               "--lease-s", ctx.lease_s)
-    # the script comes on stdin: one round trip for writing it and starting it
+    # the script comes on stdin: one round trip for writing it and starting it.
+    # `--norc`: a bash started in the background of a command over SSH reads ~/.bashrc again (it sees
+    # SSH_CLIENT and a shell level of 1), 0.2 s on a host whose ~/.bashrc sets up pyenv; the server
+    # inherits the environment the login shell's ~/.bashrc made either way.
     # server.pid holds the wrapper's pid, start time and boot id (agent.py read_pid): a reused pid is
     # never taken for ours. Files are removed before they are written, so no planted link is followed.
     f = RunFiles
     command = (f"cd {root} && rm -f {f.LAUNCH}.tmp && cat > {f.LAUNCH}.tmp && chmod 755 {f.LAUNCH}.tmp && "
                f"mv {f.LAUNCH}.tmp {f.LAUNCH} && rm -f {f.EXIT} {f.PID} {f.WATCHDOG_PID} {f.LEASE} && : > {f.LEASE} && "
-               "{ setsid bash -c 'read -r s </proc/$$/stat; set -- ${s##*) }; "
+               "{ setsid bash --norc -c 'read -r s </proc/$$/stat; set -- ${s##*) }; "
                f"echo \"$$ ${{20}} $(cat /proc/sys/kernel/random/boot_id)\" >{f.PID}; "
                f"bash {f.LAUNCH} >{f.SERVER_LOG} 2>&1 </dev/null; "
                f"echo $? >{f.EXIT}' >/dev/null 2>&1 </dev/null & }} && "

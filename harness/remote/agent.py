@@ -33,8 +33,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 
@@ -83,6 +81,10 @@ HEADERS: dict[str, str] = {}
 
 def http(method: str, url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
     """(status, body text); status 0 with the reason when the connection itself failed."""
+    # Imported here: urllib brings http.client, email and ssl (40 ms a start), which the agent's
+    # probe, watch and stop never need, and each of them runs once a run.
+    import urllib.error
+    import urllib.request
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={**HEADERS, **({"Content-Type": "application/json"} if data else {})})

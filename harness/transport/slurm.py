@@ -4,7 +4,7 @@
 each file put and each tar-stream pull) becomes
 
     srun --jobid J --overlap --nodelist NODE -N1 -n1 --quiet \
-        bash -c 'exec PYTHON -c "$1" "$2"' harness-step WRAPPER CMD
+        bash --norc -c 'exec PYTHON -c "$1" "$2"' harness-step WRAPPER CMD
 
 run over the login host's own transport (SSH, or this machine). `--overlap` lets a step share the
 node with the steps still running (a server, the benchmark, the heartbeat, a pull); one task on one
@@ -66,7 +66,7 @@ out = sys.stdout.buffer
 env = os.environ
 out.write(("harness-step %s.%s\\n" % (env.get("SLURM_JOB_ID", ""), env.get("SLURM_STEP_ID", ""))).encode())
 out.flush()
-child = subprocess.Popen(["bash", "-c", sys.argv[1]], stdout=subprocess.PIPE)
+child = subprocess.Popen(["bash", "--norc", "-c", sys.argv[1]], stdout=subprocess.PIPE)
 while True:
     data = os.read(child.stdout.fileno(), 65536)
     if not data:
@@ -93,7 +93,7 @@ def srun_command(job_id: str, node: str, command: str, *, python: str = "python3
     if not NODE_NAME.match(node):
         raise ValueError(f"not a Slurm node name: {node!r}")
     return shlex.join(["srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}", "-N1", "-n1",
-                       "--quiet", "bash", "-c", f'exec {shell_path(python)} -c "$1" "$2"', "harness-step",
+                       "--quiet", "bash", "--norc", "-c", f'exec {shell_path(python)} -c "$1" "$2"', "harness-step",
                        WRAPPER, command])
 
 

@@ -15,20 +15,29 @@ the layers between (docs/reliability.md):
   prints that group's id first, and on our deadline we kill the group over a second channel.
 - files go up through the same exec channel (`cat > tmp && chmod && mv`), not SFTP: nothing to
   share between threads (paramiko #718), works where the sftp subsystem is off, atomic, one round trip.
+- every exec channel costs a login shell, and bash run by sshd reads ~/.bashrc whatever the command
+  (0.2 s a command on a host with pyenv; conda takes longer): each connection starts one command
+  starter on the host (harness/remote/mux.py, `python3 -c`) and sends it the commands, wrapped as they
+  would be on an exec channel (a group of their own, the host's own timer), one at a time. A command
+  that cannot take it (another one is running: a kill) takes an exec channel; so does every command
+  of a host without python3, or with HARNESS_SSH_MUX=0.
 """
 
 from __future__ import annotations
 
 import binascii
 import contextlib
+import functools
 import ipaddress
 import itertools
+import json
 import math
 import os
 import posixpath
 import secrets
 import select
 import shlex
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,6 +87,8 @@ class SSHTransport(ProcessTransport):
         self._ssh_config = ssh_config or os.environ.get("HARNESS_SSH_CONFIG")
         self._hops: list[Connection] = []  # jump hosts first, the target last
         self._lock = threading.Lock()
+        self._mux: _Mux | None = None
+        self._mux_works = os.environ.get("HARNESS_SSH_MUX", "1") != "0"
         self._session()
 
     # -- connection ---------------------------------------------------------------------------
@@ -152,24 +163,45 @@ class SSHTransport(ProcessTransport):
     def close(self) -> None:
         with self._lock:
             hops, self._hops = self._hops, []
+            mux, self._mux = self._mux, None
+        if mux is not None:
+            mux.close()
         for conn in reversed(hops):
             conn.client.close()  # not conn.close(): fabric skips a client whose connect() failed halfway
 
     # -- commands -----------------------------------------------------------------------------
 
-    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> _ChannelProcess:
+    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> _ChannelProcess | _MuxProcess:
         deadline = time.monotonic() + timeout
         transport = self._session()
         watchdog = threading.Timer(timeout + KILL_BUDGET_S + 1, self.close)
         watchdog.daemon = True
         watchdog.start()
         try:
+            mux = self._idle_mux(transport, deadline)
+            if mux is not None:
+                return _MuxProcess(self, mux, command, stdin, deadline, watchdog)
             return _ChannelProcess(self, transport, command, stdin, deadline, watchdog)
         except BaseException as e:
             watchdog.cancel()
             if isinstance(e, TimeoutError):
                 self.close()  # the host did not even open a channel in time: the link is dead
             raise
+
+    def _idle_mux(self, transport: paramiko.Transport, deadline: float) -> _Mux | None:
+        """This connection's command starter on the host (harness/remote/mux.py), started on first use;
+        None while it runs another command (that one's kill, say), or when the host cannot run it
+        (no python3 there): then commands take an exec channel each, as they always could."""
+        if self._mux is not None and (self._mux.transport is not transport or self._mux.dead):
+            self._mux.close()
+            self._mux = None
+        if self._mux is None and self._mux_works:
+            try:
+                self._mux = _Mux.start(transport, deadline, self.host.name)
+            except _MuxUnavailable:
+                self._mux_works = False
+        mux = self._mux
+        return mux if mux is not None and not mux.busy else None
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         path = shell_path(remote_path)
@@ -181,15 +213,38 @@ class SSHTransport(ProcessTransport):
         self.run(command, stdin=data, timeout=30 + len(data) / 1e6)
 
 
-class _ChannelProcess:
+class _GroupCommand:
+    """What a wrapped command (`_wrap`) prints: its process group's id on stdout's first line, which
+    stdout loses; stderr kept aside."""
+
+    def __init__(self) -> None:
+        self._err = Tail()
+        self._head: bytes | None = b""  # stdout until its first newline, the process group id; then None
+        self._pgid: int | None = None
+
+    def _strip_pgid(self, data: bytes) -> bytes:
+        if self._head is None:
+            return data
+        line, newline, rest = (self._head + data).partition(b"\n")
+        if not newline:
+            self._head = line
+            return b""
+        self._head = None
+        # Not a number when a login script printed first: then the group cannot be killed by id.
+        self._pgid = int(line) if line.isdigit() else None
+        return rest
+
+    def stderr(self) -> bytes:
+        return self._err.value()
+
+
+class _ChannelProcess(_GroupCommand):
     """A command on an exec channel: stdout as a stream, stderr kept aside, stdin fed as it drains."""
 
     def __init__(self, owner: SSHTransport, transport: paramiko.Transport, command: str,
                  stdin: bytes | None, deadline: float, watchdog: threading.Timer):
+        super().__init__()
         self._owner, self._transport, self._watchdog = owner, transport, watchdog
-        self._err = Tail()
-        self._head: bytes | None = b""  # stdout until its first newline, the process group id; then None
-        self._pgid: int | None = None
         self._stdin = memoryview(stdin) if stdin is not None else None
         try:
             self._chan = transport.open_session(window_size=_WINDOW,
@@ -223,18 +278,6 @@ class _ChannelProcess:
             # While stdin waits for window space, poll for it; otherwise sleep until data or EOF.
             select.select([chan], [], [], min(remaining, 0.05) if self._stdin is not None else remaining)
 
-    def _strip_pgid(self, data: bytes) -> bytes:
-        if self._head is None:
-            return data
-        line, newline, rest = (self._head + data).partition(b"\n")
-        if not newline:
-            self._head = line
-            return b""
-        self._head = None
-        # Not a number when a login script printed first: then the group cannot be killed by id.
-        self._pgid = int(line) if line.isdigit() else None
-        return rest
-
     def _feed_stdin(self) -> None:
         while self._stdin is not None and self._chan.send_ready():  # send_ready: window space, no block
             try:
@@ -257,25 +300,12 @@ class _ChannelProcess:
             raise _lost(EOFError("the link closed while the command ran"), deadline, self._owner.host.name)
         return code
 
-    def stderr(self) -> bytes:
-        return self._err.value()
-
     def kill(self) -> None:
         """TERM the command's process group, then KILL it; drop the link if the host does not answer."""
         self._close_channel()
         if self._pgid is None:  # it never started (or printed nothing yet): the host's timer remains
             return
-        script = _KILL_GROUP.replace("PGID", str(self._pgid))
-        deadline = time.monotonic() + KILL_BUDGET_S
-        try:
-            killer = _ChannelProcess(self._owner, self._transport, script, None, deadline, self._watchdog)
-            try:
-                while killer.read(deadline):
-                    pass
-                killer.wait(deadline)
-            finally:
-                killer.close()
-        except (TimeoutError, RemoteError):
+        if not _kill_group(self._owner, self._transport, self._pgid, self._watchdog):
             self._owner.close()
 
     def close(self) -> None:
@@ -287,6 +317,176 @@ class _ChannelProcess:
         # brought us here (the lost link, already raised as UnreachableError).
         with contextlib.suppress(*_LINK_ERRORS):
             self._chan.close()
+
+
+def _kill_group(owner: SSHTransport, transport: paramiko.Transport, pgid: int, watchdog: threading.Timer) -> bool:
+    """TERM a process group on the host, then KILL it, over an exec channel of its own; whether the
+    host answered within KILL_BUDGET_S."""
+    deadline = time.monotonic() + KILL_BUDGET_S
+    try:
+        killer = _ChannelProcess(owner, transport, _KILL_GROUP.replace("PGID", str(pgid)), None, deadline, watchdog)
+        try:
+            while killer.read(deadline):
+                pass
+            killer.wait(deadline)
+        finally:
+            killer.close()
+    except (TimeoutError, RemoteError):
+        return False
+    return True
+
+
+MUX_START_S = 15.0
+"""How long the host's command starter may take to say it is ready before exec channels are used instead."""
+_MUX_SOURCE = Path(__file__).resolve().parents[1] / "remote" / "mux.py"
+_MUX_MAGIC = b"\x00harness-mux-1\n"   # harness/remote/mux.py MAGIC
+_MUX_FRAME_MAX = 1 << 20                # the starter reads 256 kB at a time: a longer frame is not its own
+_MUX_NOISE_MAX = 1 << 16                # what a login script may print before the starter's hello
+
+
+class _MuxUnavailable(Exception):
+    """The host could not start the command starter (no python3, say): commands take exec channels."""
+
+
+class _Mux:
+    """The client of one connection's command starter on the host (harness/remote/mux.py): its exec
+    channel, and the frames read from it so far. One command at a time (`busy`); `dead` once it can no
+    longer be trusted to be in step (a command abandoned halfway, a malformed frame, the channel gone)."""
+
+    def __init__(self, transport: paramiko.Transport, chan: paramiko.Channel, host: str):
+        self.transport, self.chan, self.host = transport, chan, host
+        self.buf = bytearray()
+        self.busy = self.dead = False
+
+    @classmethod
+    def start(cls, transport: paramiko.Transport, deadline: float, host: str) -> _Mux:
+        """The starter, once it has said hello; _MuxUnavailable when it cannot start or says nothing
+        within MUX_START_S, TimeoutError when the command's own `deadline` passed meanwhile."""
+        try:
+            chan = transport.open_session(window_size=_WINDOW, timeout=max(deadline - time.monotonic(), 0.01))
+            chan.exec_command("exec python3 -c " + shlex.quote(_mux_source()))
+        except _LINK_ERRORS as e:
+            raise _lost(e, deadline, host) from None
+        mux = cls(transport, chan, host)
+        hello_by = min(deadline, time.monotonic() + MUX_START_S)
+        try:
+            while (at := mux.buf.find(_MUX_MAGIC)) < 0:
+                if len(mux.buf) > _MUX_NOISE_MAX or not mux._fill(hello_by):
+                    raise _MuxUnavailable
+        except BaseException as e:
+            mux.close()
+            if isinstance(e, TimeoutError) and time.monotonic() < deadline:
+                raise _MuxUnavailable from None
+            raise
+        del mux.buf[:at + len(_MUX_MAGIC)]
+        return mux
+
+    def _fill(self, deadline: float) -> bool:
+        """More bytes into `buf`; False once the channel has ended."""
+        chan = self.chan
+        while True:
+            ended = chan.eof_received or chan.closed
+            try:
+                if chan.recv_stderr_ready():
+                    chan.recv_stderr(_CHUNK)   # the starter's own complaints: nothing to act on
+                    continue
+                if chan.recv_ready():
+                    self.buf += chan.recv(_RECV)
+                    return True
+            except _LINK_ERRORS as e:
+                raise _lost(e, deadline, self.host) from None
+            if ended:
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            select.select([chan], [], [], remaining)
+
+    def send(self, command: str, stdin: bytes | None, deadline: float) -> None:
+        body = json.dumps({"command": command, "stdin": len(stdin or b"")}).encode()
+        try:
+            self.chan.settimeout(max(deadline - time.monotonic(), 0.01))
+            self.chan.sendall(struct.pack(">I", len(body)) + body + (stdin or b""))
+            self.chan.settimeout(None)
+        except _LINK_ERRORS as e:
+            self.dead = True
+            raise _lost(e, deadline, self.host) from None
+
+    def frame(self, deadline: float) -> tuple[bytes, bytes]:
+        """The next frame: its kind and payload."""
+        try:
+            while len(self.buf) < 5 or len(self.buf) < 5 + int.from_bytes(self.buf[1:5], "big"):
+                if len(self.buf) >= 5 and (self.buf[:1] not in (b"O", b"E", b"X")
+                                           or int.from_bytes(self.buf[1:5], "big") > _MUX_FRAME_MAX):
+                    raise UnreachableError("the host's command starter sent a malformed frame", host=self.host)
+                if not self._fill(deadline):
+                    raise UnreachableError("the host's command starter ended", host=self.host)
+        except BaseException:
+            self.dead = True
+            raise
+        n = int.from_bytes(self.buf[1:5], "big")
+        kind, payload = bytes(self.buf[:1]), bytes(self.buf[5:5 + n])
+        del self.buf[:5 + n]
+        return kind, payload
+
+    def close(self) -> None:
+        self.dead = True
+        with contextlib.suppress(*_LINK_ERRORS):
+            self.chan.close()
+
+
+@functools.cache
+def _mux_source() -> str:
+    return _MUX_SOURCE.read_text()
+
+
+class _MuxProcess(_GroupCommand):
+    """A command started by the host's command starter: the same wrapped command as on an exec
+    channel (its own process group, its id first, the host's own timer), its output in frames."""
+
+    def __init__(self, owner: SSHTransport, mux: _Mux, command: str, stdin: bytes | None, deadline: float,
+                 watchdog: threading.Timer):
+        super().__init__()
+        self._owner, self._mux, self._watchdog = owner, mux, watchdog
+        self._code: int | None = None
+        mux.busy = True
+        mux.send(_wrap(command, deadline - time.monotonic()), stdin, deadline)
+
+    def read(self, deadline: float) -> bytes:
+        while self._code is None:
+            kind, payload = self._mux.frame(deadline)
+            if kind == b"E":
+                self._err.feed(payload)
+            elif kind == b"X":
+                self._code = int(payload) if payload.lstrip(b"-").isdigit() else -1
+                self._mux.busy = False
+            elif data := self._strip_pgid(payload):
+                return data
+        return b""
+
+    def wait(self, deadline: float) -> int:
+        while self._code is None:
+            self.read(deadline)
+        return self._code
+
+    def kill(self) -> None:
+        """As on an exec channel; then the starter's frames up to the command's end, or it is dropped."""
+        if self._code is not None:
+            return
+        if self._pgid is None or not _kill_group(self._owner, self._mux.transport, self._pgid, self._watchdog):
+            self._mux.close()
+            return
+        deadline = time.monotonic() + KILL_BUDGET_S
+        try:
+            while self.read(deadline):
+                pass
+        except (TimeoutError, RemoteError):
+            self._mux.close()
+
+    def close(self) -> None:
+        self._watchdog.cancel()
+        if self._code is None:   # abandoned halfway: the starter is out of step with us now
+            self._mux.close()
 
 
 @dataclass

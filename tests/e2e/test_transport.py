@@ -42,11 +42,15 @@ def own_sshd(tmp_path):
         yield server
 
 
-@pytest.fixture(scope="module", params=["ssh", "local"])
+@pytest.fixture(scope="module", params=["ssh", "ssh-exec", "local"])
 def transport(request, sshd):
-    """One transport per kind for the module, as callers reuse one per host and worker."""
-    spec = sshd.host_spec() if request.param == "ssh" else HostSpec(name="localhost", transport="local")
-    t = connect(spec)
+    """One transport per kind for the module, as callers reuse one per host and worker. "ssh" starts
+    its commands through the host's command starter (harness/remote/mux.py), "ssh-exec" on an exec
+    channel each, as a host without python3 has them."""
+    spec = sshd.host_spec() if request.param.startswith("ssh") else HostSpec(name="localhost", transport="local")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HARNESS_SSH_MUX", "0" if request.param == "ssh-exec" else "1")
+        t = connect(spec)
     yield t
     t.close()
 
@@ -461,4 +465,77 @@ def test_remote_paths_may_start_with_the_home_directory(sshd):
         assert transport.run(f"cat ~/{shlex.quote(name)}/f", timeout=10).stdout == "x"
     finally:
         transport.run(f"rm -rf ~/{shlex.quote(name)}", timeout=10)
+        transport.close()
+
+
+# -- the command starter (harness/remote/mux.py) -------------------------------------------------
+
+def starter(transport):
+    """The connection's command starter, or None (its commands take exec channels)."""
+    return transport._mux
+
+
+def test_commands_go_through_one_starter_process_per_connection(sshd):
+    transport = connect(sshd.host_spec())
+    try:
+        first = transport.run("echo $PPID; cat /proc/$PPID/comm", timeout=10).stdout.split()
+        assert starter(transport) is not None and not starter(transport).dead
+        pids = {transport.run("cut -d' ' -f4 /proc/$PPID/stat", timeout=10).stdout.strip() for _ in range(3)}
+        # each command: bash (under the `timeout` of its own group) under the same python3 starter
+        assert len(pids) == 1
+        assert transport.run(f"cat /proc/{pids.pop()}/comm", timeout=10).stdout.strip().startswith("python")
+        assert first[1] == "timeout"
+    finally:
+        transport.close()
+
+
+def test_a_host_whose_starter_cannot_start_runs_commands_on_exec_channels(sshd, monkeypatch):
+    from harness.transport import ssh
+    monkeypatch.setattr(ssh, "_mux_source", lambda: "import sys; sys.exit(3)")
+    transport = connect(sshd.host_spec())
+    try:
+        assert transport.run("echo hi", stdin=b"x", timeout=10).stdout == "hi\n"
+        assert starter(transport) is None and not transport._mux_works
+        assert transport.run("cat", stdin=b"fed", timeout=10).stdout == "fed"
+    finally:
+        transport.close()
+
+
+def test_what_a_login_script_prints_before_the_starter_is_passed_over(sshd, monkeypatch):
+    from harness.transport import ssh
+    real = ssh._mux_source()
+    monkeypatch.setattr(ssh, "_mux_source", lambda: "print('Welcome to the cluster! Quota: 91%')\n" + real)
+    transport = connect(sshd.host_spec())
+    try:
+        assert transport.run("echo hi", timeout=10).stdout == "hi\n"
+        assert starter(transport) is not None
+    finally:
+        transport.close()
+
+
+def test_a_starter_that_sends_garbage_fails_the_command_as_a_lost_link(sshd, monkeypatch):
+    from harness.transport import ssh
+    garbage = ("import sys; out = sys.stdout.buffer; out.write(b'\\x00harness-mux-1\\n'); out.flush(); "
+               "sys.stdin.buffer.read(4); out.write(b'Z' + b'\\xff' * 8); out.flush(); import time; time.sleep(30)")
+    monkeypatch.setattr(ssh, "_mux_source", lambda: garbage)
+    transport = connect(sshd.host_spec())
+    try:
+        with pytest.raises(UnreachableError, match="malformed"):
+            transport.run("echo hi", timeout=10)
+        assert starter(transport) is None or starter(transport).dead
+    finally:
+        transport.close()
+
+
+def test_after_a_command_is_abandoned_the_next_one_runs_on_a_fresh_starter(sshd):
+    transport = connect(sshd.host_spec())
+    try:
+        transport.run("true", timeout=10)
+        first = starter(transport)
+        with pytest.raises(RemoteTimeout):
+            transport.run("echo started; sleep 30", timeout=1)
+        assert transport.run("echo next", timeout=10).stdout == "next\n"
+        assert starter(transport) is not None and not starter(transport).dead
+        assert first.dead or starter(transport) is first   # killed and drained, or replaced
+    finally:
         transport.close()
