@@ -187,7 +187,7 @@ class Host(BaseModel):
     def spec(self) -> HostSpec:
         return HostSpec(name=self.name, address=self.address, port=self.port, user=self.user,
                         identity_file=self.identity_file, jump=self.jump, known_hosts=self.known_hosts,
-                        transport=self.transport)
+                        transport=self.transport, python=f"{self.venv.rstrip('/')}/bin/python" if self.venv else None)
 
     def public(self, redact) -> dict[str, Any]:
         """The entry as recorded in manifests: secrets redacted."""

@@ -33,6 +33,7 @@ class HostSpec:
     known_hosts: str | None = None  # default: ~/.ssh/config's UserKnownHostsFile, else ~/.ssh/known_hosts
     transport: str = "ssh"  # "ssh" | "local"
     connect_timeout: float = 10.0
+    python: str | None = None  # the host's venv Python: runs the command starter before python3 is tried
 
 
 @dataclass(frozen=True)

@@ -539,3 +539,18 @@ def test_after_a_command_is_abandoned_the_next_one_runs_on_a_fresh_starter(sshd)
         assert first.dead or starter(transport) is first   # killed and drained, or replaced
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize("venv_python", ["given", "missing"])
+def test_the_starter_runs_under_the_hosts_venv_python_when_it_is_there(sshd, venv_python):
+    import dataclasses
+    import sys
+    python = sys.executable if venv_python == "given" else "/nonexistent/venv/bin/python"
+    transport = connect(dataclasses.replace(sshd.host_spec(), python=python))
+    try:
+        starter_pid = transport.run("cut -d' ' -f4 /proc/$PPID/stat", timeout=10).stdout.strip()
+        exe = transport.run(f"readlink -f /proc/{starter_pid}/exe", timeout=10).stdout.strip()
+        expected = os.path.realpath(sys.executable) if venv_python == "given" else None
+        assert exe == expected if expected else Path(exe).name.startswith("python3")
+    finally:
+        transport.close()
