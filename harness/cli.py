@@ -141,8 +141,8 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
                            deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
                            retry_failed=retry_failed, accept_changes=accept_changes,
                            argv=sys.argv[1:], connect=connect, source=source).run()
+    rows = collect([outcome.sweep_dir]) if outcome.manifests else []
     if outcome.manifests:
-        rows = collect([outcome.sweep_dir])
         out.print(table(rows, title=f"{sw.sweep_id}"))
         if launch := launch_line(rows):
             out.print(launch, markup=False, highlight=False, soft_wrap=True)
@@ -159,7 +159,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if source is not None and source.failure:
         err.print(Text.assemble(("error: ", "red"), source.failure), soft_wrap=True)
         raise typer.Exit(1)
-    misses = sweep_misses(outcome.sweep_dir)
+    misses = sweep_misses(outcome.sweep_dir, rows) if outcome.manifests else []
     for miss in misses:
         err.print(Text.assemble(("reference missed: ", "red"), str(miss)), highlight=False)
     if outcome.failed:

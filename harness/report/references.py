@@ -107,8 +107,11 @@ def check_references(rows: list[dict], references: dict) -> list[Miss]:
     return misses
 
 
-def sweep_misses(sweep_dir: Path) -> list[Miss]:
+def sweep_misses(sweep_dir: Path, rows: list[dict] | None = None) -> list[Miss]:
     """The misses of one finished sweep against the references its playbook recorded: what `harness
-    sweep` shows (and exits 1 for) at the end."""
-    from harness.report.compare import collect
-    return check_references(collect([sweep_dir]), references_of([sweep_dir]))
+    sweep` shows (and exits 1 for) at the end. `rows`: the sweep's comparison, when the caller has it
+    already (its bootstrap intervals are most of what it costs)."""
+    if rows is None:
+        from harness.report.compare import collect
+        rows = collect([sweep_dir])
+    return check_references(rows, references_of([sweep_dir]))

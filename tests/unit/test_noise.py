@@ -112,3 +112,31 @@ def test_the_report_plots_latency_against_load_and_the_frontier_per_user_against
     page = render_report([root])
     assert "Inter-token latency against load" in page and "Pareto frontier" in page
     assert 'class="frontier"' in page and "256 c32: 3,750.0 and 80.0" in page
+
+
+def pooled_median_interval(groups, *, resamples, random_state):
+    """grouped_ci's definition, computed the plain way: pool each resample's groups and take the median."""
+    import random
+    import statistics
+    groups = [g for g in groups if g]
+    rng = random.Random(random_state)
+    stats = sorted(statistics.median([x for g in rng.choices(groups, k=len(groups)) for x in g])
+                   for _ in range(resamples))
+    return stats[int(0.025 * (resamples - 1))], stats[int(0.975 * (resamples - 1))]
+
+
+@pytest.mark.parametrize("pool_directly", [4096, 0])   # small resamples pooled, large ones bisected
+def test_the_grouped_interval_is_exactly_the_median_of_the_pooled_resamples(monkeypatch, pool_directly):
+    import random
+
+    from harness.report import noise
+    monkeypatch.setattr(noise, "POOL_DIRECTLY", pool_directly)
+    rng = random.Random(7)
+    for case in range(40):
+        # ties (rounded values), empty groups, odd and even totals
+        groups = [[round(rng.random() * 10, rng.choice([0, 1, 3])) for _ in range(rng.randint(0, 9))]
+                  for _ in range(rng.randint(2, 10))]
+        if sum(1 for g in groups if g) < 2:
+            continue
+        assert grouped_ci(groups, resamples=200, random_state=case) == \
+            pooled_median_interval(groups, resamples=200, random_state=case)
