@@ -25,7 +25,7 @@ class LocalTransport(ProcessTransport):
     def __init__(self, host: HostSpec):
         self.host = host
 
-    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> _PipeProcess:
+    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float, lasting: bool = False) -> _PipeProcess:
         return _PipeProcess(command, stdin)
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:

@@ -45,7 +45,10 @@ class ProcessTransport:
         """Compress pull streams: worth it over a network, wasted CPU on this machine."""
         return False
 
-    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> Process:
+    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float, lasting: bool = False) -> Process:
+        """Start `command`. `lasting`: its process may outlive the command's own end (a Slurm step that
+        holds a server) and be looked at again later, so it must not share what commands that end share
+        (SSH's command starter runs one command to its end at a time)."""
         raise NotImplementedError
 
     @staticmethod

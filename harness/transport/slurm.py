@@ -207,14 +207,14 @@ class SlurmTransport(ProcessTransport):
     def compress_pulls(self) -> bool:
         return self._spawner.compress_pulls
 
-    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> Process:
+    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float, lasting: bool = False) -> Process:
         self.step = None
         self._reap()
         # The deadline is kept here (ProcessTransport.run and pull stop waiting at it and kill the
         # srun); the login transport's own timers (SSH: a watchdog, coreutils timeout) get the step's
         # whole life instead, or they would end a kept srun, and the server its step holds, early.
         srun = self._spawner._spawn(srun_command(self.job_id, self.node, command, python=self.python),
-                                    stdin=stdin, timeout=max(timeout, HELD_S))
+                                    stdin=stdin, timeout=max(timeout, HELD_S), lasting=True)
         with self._lock:
             proc = self._current = _StepProcess(srun, self._started, self._done)
             self._live.add(proc)

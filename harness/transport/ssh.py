@@ -19,8 +19,9 @@ the layers between (docs/reliability.md):
   (0.2 s a command on a host with pyenv; conda takes longer): each connection starts one command
   starter on the host (harness/remote/mux.py, `python3 -c`) and sends it the commands, wrapped as they
   would be on an exec channel (a group of their own, the host's own timer), one at a time. A command
-  that cannot take it (another one is running: a kill) takes an exec channel; so does every command
-  of a host without python3, or with HARNESS_SSH_MUX=0.
+  that cannot take it (another one is running: a kill) takes an exec channel; so does a lasting one
+  (a Slurm step, which may hold a server past its command's end), and every command of a host
+  without python3, or with HARNESS_SSH_MUX=0.
 """
 
 from __future__ import annotations
@@ -171,14 +172,15 @@ class SSHTransport(ProcessTransport):
 
     # -- commands -----------------------------------------------------------------------------
 
-    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float) -> _ChannelProcess | _MuxProcess:
+    def _spawn(self, command: str, *, stdin: bytes | None, timeout: float,
+               lasting: bool = False) -> _ChannelProcess | _MuxProcess:
         deadline = time.monotonic() + timeout
         transport = self._session()
         watchdog = threading.Timer(timeout + KILL_BUDGET_S + 1, self.close)
         watchdog.daemon = True
         watchdog.start()
         try:
-            mux = self._idle_mux(transport, deadline)
+            mux = None if lasting else self._idle_mux(transport, deadline)
             if mux is not None:
                 return _MuxProcess(self, mux, command, stdin, deadline, watchdog)
             return _ChannelProcess(self, transport, command, stdin, deadline, watchdog)
