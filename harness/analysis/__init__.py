@@ -49,7 +49,8 @@ SCHEMA = "harness.analysis/1"
 TRACE_PATTERNS = ("*.trace.json", "*.trace.json.gz", "*.json.gz")
 """Kineto files as torch (`*.pt.trace.json[.gz]`) and engines that name their own (`*.trace.json.gz`) write them."""
 PARALLEL_MIN_BYTES = 64 << 20
-"""Below this much trace in all, starting worker processes costs more than reading serially."""
+"""Below this much trace text in all (a gzip'd file's inflated), starting worker processes costs more
+than reading serially."""
 RANGE_MIN_BYTES = 32 << 20
 """A plain file this large is shared between processes when there are fewer files than cores."""
 STRAGGLER_PCT = 5.0
@@ -140,7 +141,7 @@ def _summarize_all(files: list[Path]) -> list[FileSummary]:
     enough to read to pay for starting them: a process a core, each handed every n-th task. One
     large plain file is cut into byte ranges at event boundaries."""
     cpus = os.cpu_count() or 1
-    if cpus < 2 or sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
+    if cpus < 2 or sum(json_size(f) or f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
         return [summarize(f) for f in files]
     pieces = max(1, cpus // len(files))
     tasks = [(f, start, stop) for f in files for start, stop in _ranges(f, pieces)]

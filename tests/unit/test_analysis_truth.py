@@ -182,3 +182,17 @@ def test_a_gzip_stream_whose_trailer_cannot_give_its_length_is_read_whole(tmp_pa
     path.write_bytes(trailer[:-4] + (1).to_bytes(4, "little"))   # a length shorter than the file: wrapped
     assert kineto.json_size(path) is None
     assert analysis._ranges(path, 4) == [(0, None)]
+
+
+def test_a_gzip_file_is_shared_by_the_size_of_its_text_not_of_the_file(traces, monkeypatch):
+    path, truth = traces[("torch", 0.6, ".json.gz")]
+    text = kineto.json_size(path)
+    assert path.stat().st_size < text
+    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", (path.stat().st_size + text) // 2)
+    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis.os, "cpu_count", lambda: 2)
+    read_here = []
+    real = analysis.summarize_range
+    monkeypatch.setattr(analysis, "summarize_range", lambda *r: read_here.append(r) or real(*r))
+    assert_analysis_is_the_truth(analyze_path(path, top=100), truth)
+    assert [start for _, start, _ in read_here] == [0]   # the rest of the text went to a worker
