@@ -123,15 +123,21 @@ def test_an_event_in_another_key_order_midway_is_still_counted(tmp_path, monkeyp
     assert sum(n for _, n in s.kernels.values()) == 1 + sum(k["count"] for k in truth["kernels"].values())
 
 
+def ranges_read_here(monkeypatch, *, parallel_from: int, cpus: int) -> list:
+    """Ranges shared from `parallel_from` bytes of text on `cpus` cores; the list of those this process read."""
+    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", parallel_from)
+    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
+    monkeypatch.setattr(analysis.os, "cpu_count", lambda: cpus)
+    read_here: list = []
+    real = analysis.summarize_range
+    monkeypatch.setattr(analysis, "summarize_range", lambda *r: read_here.append(r) or real(*r))
+    return read_here
+
+
 def test_the_worker_processes_read_their_ranges_themselves(traces, monkeypatch):
     """This process reads its own share alone: the other ranges' totals come from worker processes."""
     path, truth = traces[("torch", 0.6, ".json")]
-    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
-    monkeypatch.setattr(analysis.os, "cpu_count", lambda: 3)
-    read_here = []
-    real = analysis.summarize_range
-    monkeypatch.setattr(analysis, "summarize_range", lambda *r: read_here.append(r) or real(*r))
+    read_here = ranges_read_here(monkeypatch, parallel_from=0, cpus=3)
     assert_analysis_is_the_truth(analyze_path(path, top=100), truth)
     assert len(analysis._ranges(path, 3)) == 3 and [start for _, start, _ in read_here] == [0]
 
@@ -188,11 +194,6 @@ def test_a_gzip_file_is_shared_by_the_size_of_its_text_not_of_the_file(traces, m
     path, truth = traces[("torch", 0.6, ".json.gz")]
     text = kineto.json_size(path)
     assert path.stat().st_size < text
-    monkeypatch.setattr(analysis, "PARALLEL_MIN_BYTES", (path.stat().st_size + text) // 2)
-    monkeypatch.setattr(analysis, "RANGE_MIN_BYTES", 0)
-    monkeypatch.setattr(analysis.os, "cpu_count", lambda: 2)
-    read_here = []
-    real = analysis.summarize_range
-    monkeypatch.setattr(analysis, "summarize_range", lambda *r: read_here.append(r) or real(*r))
+    read_here = ranges_read_here(monkeypatch, parallel_from=(path.stat().st_size + text) // 2, cpus=2)
     assert_analysis_is_the_truth(analyze_path(path, top=100), truth)
     assert [start for _, start, _ in read_here] == [0]   # the rest of the text went to a worker
