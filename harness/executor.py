@@ -131,6 +131,8 @@ class Executor:
                              attempts=host_retries + 1, redact=sweep.redactor.text)
         self.in_flight: dict[str, RunContext] = {}
         self.attempts: dict[str, int] = {}
+        # run id -> the hosts it was lost under, its last attempt's manifest and host (`_move`)
+        self.lost_under: dict[str, tuple[set[str], RunManifest, HostState]] = {}
         self.outcome = Outcome(self.sweep_dir)
         self.resume, self.retry_failed, self.accept_changes = resume, retry_failed, accept_changes
         self.kept_runs: list[str] = []
@@ -190,7 +192,7 @@ class Executor:
         with self.changed:
             while not self.stop.is_set() and not (self.deadline and dt.datetime.now() >= self.deadline):
                 for i, spec in enumerate(self.todo if state.host.name not in self.busy else []):
-                    if not any(h.name == state.host.name for h in spec.hosts):
+                    if not any(h.name == state.host.name for h in spec.hosts) or self._lost_here(spec, state):
                         continue
                     peers = self._free_peers(spec, state)
                     if peers is None:
@@ -312,7 +314,7 @@ class Executor:
             gone = state.lost or (manifest.error is not None and manifest.error.as_kind is Kind.UNREACHABLE)
             if gone:
                 self.pool.drop(state)
-            if gone and self.pool.alive_besides(state.host.name, spec.hosts):   # another host runs it again
+            if gone and self._move(spec, state, manifest):   # another host runs it again
                 self.journal.append(spec.run_id, "retry", host=state.host.name,
                                     error_kind=manifest.error and manifest.error.kind)
                 return True
@@ -321,6 +323,21 @@ class Executor:
         else:
             self._finish(spec, state, manifest)
         return False
+
+    def _move(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> bool:
+        """Whether a run lost under this host goes back to the queue: only for a host of its own that is
+        alive and has not lost it yet, so that a run every host loses (the link drops under it each
+        time, though each host reconnects) fails once each has had its attempts, rather than going
+        round the hosts all night."""
+        with self.changed:
+            lost = self.lost_under[spec.run_id][0] if spec.run_id in self.lost_under else set()
+            lost.add(state.host.name)
+            self.lost_under[spec.run_id] = lost, manifest, state
+            return any(h.name not in lost and not self.pool[h.name].dead for h in spec.hosts)
+
+    def _lost_here(self, spec: RunSpec, state: HostState) -> bool:
+        lost = self.lost_under.get(spec.run_id)
+        return lost is not None and state.host.name in lost[0]
 
     def _analyze_and_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
         try:
@@ -471,8 +488,15 @@ class Executor:
             self.events.log(f"[{host.name}] could not reconcile {spec.run_id}: {e}")
 
     def _settle_leftovers(self) -> None:
-        """Runs never started: skipped (deadline, fail-fast, interrupt) or failed (no host could take them)."""
+        """Runs never started: skipped (deadline, fail-fast, interrupt) or failed (no host could take
+        them); a run lost under a host, whose other hosts were set aside before one could take it,
+        fails as its last attempt did."""
         for spec in self.todo:
+            if spec.run_id in self.lost_under and not self.outcome.interrupted and not any(
+                    not self._lost_here(spec, self.pool[h.name]) and not self.pool[h.name].dead for h in spec.hosts):
+                _, manifest, state = self.lost_under[spec.run_id]
+                self._finish(spec, state, manifest)
+                continue
             reasons = [self.pool[h.name].error for h in spec.hosts if self.pool[h.name].dead]
             if reasons and len(spec.hosts) - len(reasons) < spec.nodes and not self.outcome.interrupted:
                 err = reasons[0]

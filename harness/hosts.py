@@ -112,10 +112,6 @@ class HostPool:
         first, most = HOST_BACKOFF_S
         return min(most, first * 2 ** (state.attempts - 1)) * random.uniform(0.75, 1.25)
 
-    def alive_besides(self, name: str, hosts: tuple[Host, ...]) -> bool:
-        """Whether a host other than `name` among `hosts` may still take a run."""
-        return any(h.name != name and not self.states[h.name].dead for h in hosts)
-
     def run_once(self, host: Host, command: str, *, timeout: float) -> None:
         """One command over a connection of its own (stopping servers at an interrupt, reconciling)."""
         link = self.connect(host.spec())

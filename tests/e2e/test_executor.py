@@ -68,6 +68,26 @@ def test_a_run_whose_host_is_lost_mid_run_fails_over_to_another_host(tmp_path):
     assert ("one-1", "retry", "a") in journal(outcome) and journal(outcome)[-1] == ("one-1", "ok", "b")
 
 
+def test_a_run_that_every_host_loses_fails_once_each_has_had_its_attempts(tmp_path):
+    """Both hosts reconnect at once every time, and the link drops under the benchmark every time: the
+    run moves from the host that lost it to the other one, and fails once both have lost it, rather
+    than going round them all night. (The deadline only ends the sweep should it go round: then the
+    run would be skipped, not failed.)"""
+    import datetime as dt
+    faults = Faults()
+    for host in ("a", "b"):
+        faults.on(host, "run", BENCH, times=None)
+    executor = Executor(sweep(tmp_path, hosts=("a", "b")), tmp_path / "results", jobs=1, retries=1,
+                        deadline=dt.datetime.now() + dt.timedelta(minutes=5), connect=faults.connect)
+    outcome = executor.run()
+    (m,) = outcome.manifests
+    assert m.error is not None and (m.status, m.error.kind, m.attempts) == ("failed", "unreachable", 4)
+    assert faults.count("a", "run", BENCH) == faults.count("b", "run", BENCH) == 2   # retries + 1 on each
+    states = [(state, host) for _, state, host in journal(outcome)]
+    assert states.count(("retry", states[0][1])) == 1 and states[-1] == ("failed", m.host.name)
+    assert m.host.name != states[0][1]
+
+
 def test_a_host_that_cannot_be_reached_is_set_aside_and_its_pinned_runs_fail_with_its_error(tmp_path):
     faults = Faults()
     faults.on("a", "connect", times=None)

@@ -527,7 +527,7 @@ def test_a_starter_that_sends_garbage_fails_the_command_as_a_lost_link(sshd, mon
         transport.close()
 
 
-def test_after_a_command_is_abandoned_the_next_one_runs_on_a_fresh_starter(sshd):
+def test_after_a_command_is_abandoned_the_next_one_runs_on_a_working_starter(sshd):
     transport = connect(sshd.host_spec())
     try:
         transport.run("true", timeout=10)

@@ -14,11 +14,11 @@ def model(engine: str, *args: str) -> LatencyModel:
     return LatencyModel(flags.sim_config(engine, flags.parse(engine, argv)))
 
 
-SEEDS = ("--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3")
+BASE_FLAGS = ("--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3")
 
 
 def test_the_default_scale_is_the_glm5_campaigns_tp8_measurement():
-    m = model("sglang", *SEEDS)
+    m = model("sglang", *BASE_FLAGS)
     assert m.itl_ms(1) == pytest.approx(97.0, abs=0.1)
     assert m.ttft_ms(16) == pytest.approx(175.0, abs=0.5)
     assert m.step_ms(1)["copy"] / m.itl_ms(1) == pytest.approx(0.69, abs=0.01)
@@ -32,8 +32,8 @@ def test_an_unquantized_kv_cache_skips_the_cast_and_is_about_30ms():
 @pytest.mark.parametrize("faster", [("--enable-mscclpp",), ("--ep-size", "8"), ("--enable-two-batch-overlap",),
                                     ("--enable-torch-compile",)])
 def test_communication_and_fusion_flags_help_a_little(faster):
-    base = model("sglang", *SEEDS).itl_ms(1)
-    assert 0.9 * base < model("sglang", *SEEDS, *faster).itl_ms(1) < base
+    base = model("sglang", *BASE_FLAGS).itl_ms(1)
+    assert 0.9 * base < model("sglang", *BASE_FLAGS, *faster).itl_ms(1) < base
 
 
 @pytest.mark.parametrize("engine,eager", [("sglang", ("--disable-cuda-graph",)),
@@ -55,13 +55,13 @@ def test_vllm_expert_parallel_spans_tp_times_dp():
 
 
 def test_batching_grows_itl_sub_linearly_and_prompts_grow_ttft():
-    m = model("sglang", *SEEDS)
+    m = model("sglang", *BASE_FLAGS)
     assert m.itl_ms(1) < m.itl_ms(8) < m.itl_ms(64) < 8 * m.itl_ms(1)
     assert m.ttft_ms(1000) > m.ttft_ms(16)
 
 
 def test_the_kernels_of_a_step_add_up_to_its_busy_time():
-    m = model("sglang", *SEEDS)
+    m = model("sglang", *BASE_FLAGS)
     busy = sum(k.us for k in m.step_kernels(4)) / 1000
     assert busy == pytest.approx(m.itl_ms(4) - m.step_ms(4)["idle"], rel=0.01)
 
