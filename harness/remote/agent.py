@@ -662,10 +662,11 @@ def main(argv=None) -> int:
     r.add_argument("--lease-s", type=float, default=60.0)
     a = p.parse_args(argv)
     if getattr(a, "api_key_env", ""):
-        key = os.environ.get(a.api_key_env, "")
-        if not key:
-            p.error(f"--api-key-env: {a.api_key_env} is not set in the environment")
-        HEADERS["Authorization"] = f"Bearer {key}"
+        from .exchange import auth_headers  # here: the agent's other commands start without it
+        try:
+            HEADERS.update(auth_headers(a.api_key_env))
+        except ValueError as e:
+            p.error(str(e))
     commands = {"probe": cmd_probe, "wait": cmd_wait, "stop": cmd_stop, "profile": cmd_profile,
                 "watch": cmd_watch, "reap": cmd_reap, "traces": cmd_traces}
     return commands[a.cmd](a)

@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from .exchange import APIS, build_target
+from .exchange import APIS, auth_headers, build_target
 from .levels import SLO_FORM, is_slo, scenario_fields, summarize_level
 from .loop import Exchange, run_level
 from .maxload import bisect_max_load
@@ -407,12 +407,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench.py: error: --plan's scenarios replace {', '.join(given)}: give one or the other",
                   file=sys.stderr)
             return 2
-    headers = {}
-    if args.api_key_env:
-        if not os.environ.get(args.api_key_env):
-            print(f"bench.py: error: --api-key-env: {args.api_key_env} is not set in the environment", file=sys.stderr)
-            return 2
-        headers["Authorization"] = f"Bearer {os.environ[args.api_key_env]}"
+    try:
+        headers = auth_headers(args.api_key_env)
+    except ValueError as e:
+        print(f"bench.py: error: {e}", file=sys.stderr)
+        return 2
     try:
         result = run_benchmark(
             args.url, args.model, concurrency=args.concurrency or [1], requests=args.requests, warmup=args.warmup,

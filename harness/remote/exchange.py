@@ -11,11 +11,25 @@ streams without a socket. Standard library only, Python >= 3.9, like every modul
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+
+def auth_headers(env_name: str | None) -> dict[str, str]:
+    """`Authorization: Bearer` with the server's API key, read from the environment variable `env_name`
+    (so the key itself is never on a command line); none without a name. ValueError, naming the
+    variable, when it is not set."""
+    if not env_name:
+        return {}
+    key = os.environ.get(env_name, "")
+    if not key:
+        raise ValueError(f"--api-key-env: {env_name} is not set in the environment")
+    return {"Authorization": f"Bearer {key}"}
+
 
 APIS = {"completions": "/completions", "chat": "/chat/completions"}
 

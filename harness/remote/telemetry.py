@@ -41,6 +41,7 @@ import sys
 import time
 from urllib.parse import urlsplit
 
+from .exchange import auth_headers
 from .exposition import METRIC_NAME, json_value, parse_exposition, parse_gpu_csv
 
 SCHEMA = "harness.telemetry/1"
@@ -213,12 +214,11 @@ def _write(out, lines: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = args.metrics or []
     families = sorted({f for f in args.families.split(",") if f} | {m["family"] for m in spec}) or None
-    headers = {}
-    if args.api_key_env:
-        if not os.environ.get(args.api_key_env):
-            print(f"telemetry: error: --api-key-env: {args.api_key_env} is not set", file=sys.stderr)
-            return 2
-        headers["Authorization"] = f"Bearer {os.environ[args.api_key_env]}"
+    try:
+        headers = auth_headers(args.api_key_env)
+    except ValueError as e:
+        print(f"telemetry: error: {e}", file=sys.stderr)
+        return 2
     stopping: list[int] = []
     wake, wake_w = os.pipe()      # a signal writes a byte here (set_wakeup_fd): the wait ends at once
     os.set_blocking(wake, False)

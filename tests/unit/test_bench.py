@@ -210,6 +210,28 @@ def test_bad_arguments_exit_2_with_a_message(tmp_path):
     assert proc.returncode == 2 and "url must look like http://HOST:PORT" in proc.stderr
 
 
+@pytest.mark.parametrize("tool", ["bench", "telemetry", "agent"])
+def test_an_api_key_variable_that_is_not_set_is_an_error_naming_it(tool, tmp_path, monkeypatch):
+    """Each tool that talks to the server sends its API key from a variable the harness names; one that
+    is not set on the host stops the tool before any request, naming the variable."""
+    monkeypatch.delenv("HARNESS_TEST_UNSET_KEY", raising=False)
+    args = {"bench": ["--url", "http://127.0.0.1:1", "--model", "m", "--out", str(tmp_path / "b.json")],
+            "telemetry": ["--url", "http://127.0.0.1:1", "--out", str(tmp_path / "t.jsonl")],
+            "agent": ["wait", "--url", "http://127.0.0.1:1", "--pid-file", str(tmp_path / "pid"),
+                      "--timeout", "1"]}[tool]
+    proc = subprocess.run([sys.executable, "-m", "harness.remote", tool, *args,
+                           "--api-key-env", "HARNESS_TEST_UNSET_KEY"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--api-key-env: HARNESS_TEST_UNSET_KEY is not set in the environment" in proc.stderr
+
+
+def test_an_api_key_goes_in_the_authorization_header_and_nowhere_else(monkeypatch):
+    from harness.remote.exchange import auth_headers
+    monkeypatch.setenv("HARNESS_TEST_KEY", "s3cret")
+    assert auth_headers("HARNESS_TEST_KEY") == {"Authorization": "Bearer s3cret"}
+    assert auth_headers(None) == auth_headers("") == {}
+
+
 def test_worker_processes_share_a_level_and_their_requests_are_merged(serve, tmp_path):
     server = serve()
     proc, result, requests = bench(tmp_path, server.url, "--concurrency", "1,4", "--requests", "8",
