@@ -79,9 +79,12 @@ def _facts(engine: Engine) -> list[Fact]:
 
 
 def collect_script(facts: list[Fact], facts_dir: str) -> str:
-    """One shell snippet that runs every fact command into facts/<name>.txt, failures included."""
+    """One shell snippet that runs every fact command into facts/<name>.txt, failures included. They
+    run at once and the snippet waits for all: a first run on a host waits for the slowest (importing
+    the engine for its version: seconds) rather than for their sum (pip, nvidia-smi and the rest).
+    One group, so that `source .../activate && SNIPPET` holds for every one of them."""
     d = shlex.quote(facts_dir)
-    return "; ".join(f"( {f.command} ) > {d}/{f.name}.txt 2>&1" for f in facts)
+    return "{ " + " ".join(f"( {f.command} ) > {d}/{f.name}.txt 2>&1 &" for f in facts) + " wait; }"
 
 
 def parse_facts(facts: list[Fact], local_dir: Path) -> dict[str, Any]:
