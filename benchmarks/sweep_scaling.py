@@ -110,8 +110,17 @@ def report(label: str, wall: float, manifests: list[dict], *, slots: int) -> flo
     return overhead
 
 
+def timeline(label: str, manifests: list[dict]) -> None:
+    """Each run's host, start and end (seconds after the command started), in start order."""
+    for m in sorted(manifests, key=lambda m: m["_since_start"][0]):
+        start, end = m["_since_start"]
+        print(f"  {label} {m['run_id']:>12} on {m['host']['name']}: {start:6.2f} -> {end:6.2f} s")
+
+
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--timeline", action="store_true", help="also print each run's host, start and end")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sweep-scaling-") as tmp_name:
         tmp = Path(tmp_name)
         venv = make_remote_venv(tmp / "venv", engines=("sglang",))
@@ -124,6 +133,9 @@ def main() -> int:
           f"{os.cpu_count()} CPU cores")
     one_overhead = report("1 host", one_wall, one, slots=1)
     four_overhead = report(f"{HOSTS} hosts", four_wall, four, slots=HOSTS)
+    if args.timeline:
+        timeline("1 host ", one)
+        timeline(f"{HOSTS} hosts", four)
     print(f"summary: speedup {one_wall / four_wall:.2f}x on {HOSTS} hosts (goal 3.6x); "
           f"overhead per run {one_overhead:.2f} s on 1 host (goal <= 1.0 s), "
           f"{four_overhead:.2f} s of host time on {HOSTS}")

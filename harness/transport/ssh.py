@@ -48,14 +48,16 @@ import paramiko
 from fabric import Config, Connection
 
 from harness.errors import AuthError, HostKeyError, RemoteError, UnreachableError
+from harness.transport import inbuffer
 from harness.transport.base import KILL_BUDGET_S, HostSpec, Tail, shell_path
 from harness.transport.process import ProcessTransport
 
 _CHUNK = 1 << 16
 # A channel's receive window, and the most stdout taken in one read. The window bounds what is in
 # flight, so it caps a pull at window / round trip: paramiko's 2 MB gives 40 MB/s over 50 ms, 4 MB
-# twice that. Larger is slower here: paramiko keeps unread data in an array that every read shifts
-# down, and a 16 MB window halved loopback pulls (benchmarks/README.md). 256 kB reads beat 64 kB.
+# twice that. Larger was slower here with paramiko's own receive buffer, which shifts its unread
+# bytes down at every read (a 16 MB window halved loopback pulls, benchmarks/README.md); channels
+# take ours (inbuffer.py), and 16 MB still gained nothing on loopback. 256 kB reads beat 64 kB.
 _WINDOW = 4 << 20
 _RECV = 1 << 18
 # The host kills a command this long after our deadline if we could not (link lost, peer frozen).
@@ -249,8 +251,8 @@ class _ChannelProcess(_GroupCommand):
         self._owner, self._transport, self._watchdog = owner, transport, watchdog
         self._stdin = memoryview(stdin) if stdin is not None else None
         try:
-            self._chan = transport.open_session(window_size=_WINDOW,
-                                                timeout=max(deadline - time.monotonic(), 0.01))
+            self._chan = inbuffer.install(transport.open_session(window_size=_WINDOW,
+                                                                 timeout=max(deadline - time.monotonic(), 0.01)))
             self._chan.exec_command(_wrap(command, deadline - time.monotonic()))
             if self._stdin is None:
                 self._chan.shutdown_write()
@@ -371,7 +373,8 @@ class _Mux:
         if python:
             command = f"if [ -x {shell_path(python)} ]; then exec {shell_path(python)} -c {source}; fi; {command}"
         try:
-            chan = transport.open_session(window_size=_WINDOW, timeout=max(deadline - time.monotonic(), 0.01))
+            chan = inbuffer.install(transport.open_session(window_size=_WINDOW,
+                                                           timeout=max(deadline - time.monotonic(), 0.01)))
             chan.exec_command(command)
         except _LINK_ERRORS as e:
             raise _lost(e, deadline, host) from None
