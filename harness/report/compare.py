@@ -616,10 +616,13 @@ def as_json(rows: list[dict]) -> str:
 
 
 def as_csv(rows: list[dict]) -> str:
+    """FIELDS, then the telemetry figures of each level as `telemetry_<figure>` (empty where there is none):
+    the same columns whatever the rows have, for scripts."""
+    figures = [key for key, _, _ in TELEMETRY_COLUMNS]
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=FIELDS + [f"telemetry_{k}" for k in figures], extrasaction="ignore")
     w.writeheader()
-    w.writerows(map(_flat, rows))
+    w.writerows(_flat(r) | {f"telemetry_{k}": (r.get("telemetry") or {}).get(k) for k in figures} for r in rows)
     return buf.getvalue()
 
 

@@ -4,6 +4,8 @@ level by `harness compare` and drawn by `harness report`."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -77,6 +79,8 @@ def test_a_sweep_samples_metrics_around_every_level_and_compare_summarizes_them(
         assert "gpus" not in tm and "no GPU samples" in " ".join(row["telemetry_notes"])
     markdown = harness("compare", results, "--format", "markdown").stdout
     assert "Telemetry per level" in markdown and "| config | conc | running |" in markdown, markdown
+    sheet = list(csv.DictReader(io.StringIO(harness("compare", results, "--format", "csv").stdout)))
+    assert sheet and all(float(r["telemetry_running_mean"]) > 0 and r["telemetry_gpu_power_w"] == "" for r in sheet)
     table = harness("compare", results)
     assert "telemetry per level" in table.stdout and "nvidia-smi" in table.stdout, table.stdout
     report = harness("report", results, "-o", tmp_path / "report.html")
