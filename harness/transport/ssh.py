@@ -359,7 +359,8 @@ class _Mux:
 
     def __init__(self, transport: paramiko.Transport, chan: paramiko.Channel, host: str):
         self.transport, self.chan, self.host = transport, chan, host
-        self.buf = bytearray()
+        self.buf = bytearray()   # read from the channel and not yet taken
+        self._left = 0           # what is still to come of the stdout frame being read
         self.busy = self.dead = False
 
     @classmethod
@@ -392,8 +393,16 @@ class _Mux:
         del mux.buf[:at + len(_MUX_MAGIC)]
         return mux
 
-    def _fill(self, deadline: float) -> bool:
-        """More bytes into `buf`; False once the channel has ended."""
+    def _fill(self, deadline: float, most: int = _RECV) -> bool:
+        """Up to `most` more bytes into `buf`; False once the channel has ended."""
+        data = self._recv(deadline, most)
+        if data is None:
+            return False
+        self.buf += data
+        return True
+
+    def _recv(self, deadline: float, most: int) -> bytes | None:
+        """The next bytes of stdout, at most `most` of them; None once the channel has ended."""
         chan = self.chan
         while True:
             ended = chan.eof_received or chan.closed
@@ -402,12 +411,11 @@ class _Mux:
                     chan.recv_stderr(_CHUNK)   # the starter's own complaints: nothing to act on
                     continue
                 if chan.recv_ready():
-                    self.buf += chan.recv(_RECV)
-                    return True
+                    return chan.recv(most)
             except _LINK_ERRORS as e:
                 raise _lost(e, deadline, self.host) from None
             if ended:
-                return False
+                return None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
@@ -424,21 +432,38 @@ class _Mux:
             raise _lost(e, deadline, self.host) from None
 
     def frame(self, deadline: float) -> tuple[bytes, bytes]:
-        """The next frame: its kind and payload."""
+        """The next frame's kind and payload, or the next piece of a stdout frame's payload: those are
+        handed on as they arrive (a pull's bytes are not gathered into frames and copied out again)."""
         try:
-            while len(self.buf) < 5 or len(self.buf) < 5 + int.from_bytes(self.buf[1:5], "big"):
-                if len(self.buf) >= 5 and (self.buf[:1] not in (b"O", b"E", b"X")
-                                           or int.from_bytes(self.buf[1:5], "big") > _MUX_FRAME_MAX):
-                    raise UnreachableError("the host's command starter sent a malformed frame", host=self.host)
-                if not self._fill(deadline):
+            if self._left:
+                data = (self._take(min(self._left, len(self.buf))) if self.buf
+                        else self._recv(deadline, min(self._left, _RECV)))
+                if data is None:
                     raise UnreachableError("the host's command starter ended", host=self.host)
+                self._left -= len(data)
+                return b"O", data
+            head = self._exactly(5, deadline)
+            kind, n = head[:1], int.from_bytes(head[1:], "big")
+            if kind not in (b"O", b"E", b"X") or n > _MUX_FRAME_MAX:
+                raise UnreachableError("the host's command starter sent a malformed frame", host=self.host)
+            if kind == b"O":
+                self._left = n
+                return kind, b""
+            return kind, self._exactly(n, deadline)
         except BaseException:
             self.dead = True
             raise
-        n = int.from_bytes(self.buf[1:5], "big")
-        kind, payload = bytes(self.buf[:1]), bytes(self.buf[5:5 + n])
-        del self.buf[:5 + n]
-        return kind, payload
+
+    def _exactly(self, n: int, deadline: float) -> bytes:
+        while len(self.buf) < n:
+            if not self._fill(deadline, n - len(self.buf)):
+                raise UnreachableError("the host's command starter ended", host=self.host)
+        return self._take(n)
+
+    def _take(self, n: int) -> bytes:
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
 
     def close(self) -> None:
         self.dead = True
