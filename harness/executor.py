@@ -333,7 +333,12 @@ class Executor:
             lost = self.lost_under[spec.run_id][0] if spec.run_id in self.lost_under else set()
             lost.add(state.host.name)
             self.lost_under[spec.run_id] = lost, manifest, state
-            return any(h.name not in lost and not self.pool[h.name].dead for h in spec.hosts)
+            return self._takers_left(spec)
+
+    def _takers_left(self, spec: RunSpec) -> bool:
+        """Whether a host of the run's that has not lost it is still alive."""
+        lost = self.lost_under[spec.run_id][0] if spec.run_id in self.lost_under else set()
+        return any(h.name not in lost and not self.pool[h.name].dead for h in spec.hosts)
 
     def _lost_here(self, spec: RunSpec, state: HostState) -> bool:
         lost = self.lost_under.get(spec.run_id)
@@ -492,8 +497,7 @@ class Executor:
         them); a run lost under a host, whose other hosts were set aside before one could take it,
         fails as its last attempt did."""
         for spec in self.todo:
-            if spec.run_id in self.lost_under and not self.outcome.interrupted and not any(
-                    not self._lost_here(spec, self.pool[h.name]) and not self.pool[h.name].dead for h in spec.hosts):
+            if spec.run_id in self.lost_under and not self.outcome.interrupted and not self._takers_left(spec):
                 _, manifest, state = self.lost_under[spec.run_id]
                 self._finish(spec, state, manifest)
                 continue
