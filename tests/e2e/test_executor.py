@@ -88,6 +88,22 @@ def test_a_run_that_every_host_loses_fails_once_each_has_had_its_attempts(tmp_pa
     assert m.host.name != states[0][1]
 
 
+def test_a_lost_run_whose_other_host_is_set_aside_before_taking_it_fails_as_its_last_attempt(tmp_path):
+    """Host a loses the run every time; b, which has not lost it, cannot be reached when it takes it
+    and is set aside: the run is not left as skipped, it fails with a's error and attempts."""
+    import datetime as dt
+    faults = Faults()
+    faults.on("a", "run", BENCH, times=None)
+    faults.on("b", "connect", times=None)
+    executor = Executor(sweep(tmp_path, hosts=("a", "b")), tmp_path / "results", jobs=1, retries=1,
+                        host_retries=0, deadline=dt.datetime.now() + dt.timedelta(minutes=5),
+                        connect=faults.connect)
+    (m,) = executor.run().manifests
+    assert m.error is not None
+    assert (m.status, m.error.kind, m.attempts, m.host.name) == ("failed", "unreachable", 2, "a")
+    assert faults.count("a", "run", BENCH) == 2 and executor.pool["b"].dead
+
+
 def test_a_host_that_cannot_be_reached_is_set_aside_and_its_pinned_runs_fail_with_its_error(tmp_path):
     faults = Faults()
     faults.on("a", "connect", times=None)
