@@ -3,10 +3,10 @@ command costs a fork instead of a new SSH session and its login shell. The login
 user's ~/.bashrc every time (bash run by sshd does, whatever the command), and a ~/.bashrc that sets
 up pyenv or conda takes a fifth of a second or more: several times a run, on every host.
 
-The harness starts it over an exec channel as `python3 -c SOURCE` (standard library only, Python 3.6
-and later), after the login shell has read ~/.bashrc once: the commands it starts inherit that
-environment, as commands run by sshd do. One command at a time. The protocol, on its stdin and
-stdout (lengths are 4 bytes, big-endian):
+The harness starts it over an exec channel as `python3 -c SOURCE` (this file less this docstring;
+standard library only, Python 3.6 and later), after the login shell has read ~/.bashrc once: the
+commands it starts inherit that environment, as commands run by sshd do. One command at a time. The
+protocol, on its stdin and stdout (lengths are 4 bytes, big-endian):
 
     hello      MAGIC, once, when it is ready
     request    length + JSON {"command": str, "stdin": n} + the n bytes the command reads as stdin

@@ -26,6 +26,7 @@ the layers between (docs/reliability.md):
 
 from __future__ import annotations
 
+import ast
 import binascii
 import contextlib
 import functools
@@ -473,7 +474,13 @@ class _Mux:
 
 @functools.cache
 def _mux_source() -> str:
-    return _MUX_SOURCE.read_text()
+    """The starter's source as it is sent: without its docstring, which would stand in full on its
+    command line (`ps` on the host), and named by a first line."""
+    text = _MUX_SOURCE.read_text()
+    first = ast.parse(text).body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and first.end_lineno:
+        text = "\n".join(text.splitlines()[first.end_lineno:])
+    return "# the harness's command starter (harness/remote/mux.py)\n" + text.lstrip("\n")
 
 
 class _MuxProcess(_GroupCommand):

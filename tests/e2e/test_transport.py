@@ -483,8 +483,13 @@ def test_commands_go_through_one_starter_process_per_connection(sshd):
         pids = {transport.run("cut -d' ' -f4 /proc/$PPID/stat", timeout=10).stdout.strip() for _ in range(3)}
         # each command: bash (under the `timeout` of its own group) under the same python3 starter
         assert len(pids) == 1
-        assert transport.run(f"cat /proc/{pids.pop()}/comm", timeout=10).stdout.strip().startswith("python")
+        pid = pids.pop()
+        assert transport.run(f"cat /proc/{pid}/comm", timeout=10).stdout.strip().startswith("python")
         assert first[1] == "timeout"
+        # its command line names it, without the module's documentation
+        shown = transport.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline", timeout=10).stdout
+        assert "the harness's command starter" in shown and "One command at a time" not in shown
+        assert len(shown) < 3500
     finally:
         transport.close()
 
