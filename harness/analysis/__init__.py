@@ -40,7 +40,7 @@ import zlib
 from pathlib import Path
 
 from harness.analysis.categories import NAMES, categorize
-from harness.analysis.kineto import event_start_at, json_size
+from harness.analysis.kineto import event_starts_at, json_size
 from harness.analysis.summary import FileSummary, Totals, summarize, summarize_range
 from harness.engines import TraceNaming, naming_for
 from harness.errors import InputError
@@ -193,16 +193,15 @@ def _worker_results(proc: subprocess.Popen | None, ranges: list[Range]) -> list[
 
 def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:
     """Byte ranges of a file's JSON text that each start at an event (the first at the text's start).
-    A gzip'd file's are found by inflating it up to each (here, and again by the range's reader: a
-    cost alike for all, so equal parts stay even). A file whose ranges cannot be found is read whole
+    A gzip'd file's are found by inflating it once, up to the last (and each range's reader inflates
+    it again up to its start). A file whose ranges cannot be found is read whole
     (a broken file then fails where it is read, naming itself)."""
     size = json_size(path) if pieces > 1 else None
     if size is None or size < RANGE_MIN_BYTES:
         return [(0, None)]
     starts = [0]
     try:
-        for k in range(1, pieces):
-            start = event_start_at(path, size * k // pieces)
+        for start in event_starts_at(path, [size * k // pieces for k in range(1, pieces)]):
             if start is not None and start > starts[-1]:
                 starts.append(start)
     except (OSError, EOFError, zlib.error):

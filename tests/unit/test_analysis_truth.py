@@ -81,6 +81,22 @@ def test_byte_ranges_read_by_worker_processes_join_into_the_truth(traces, monkey
     assert_analysis_is_the_truth(split, truth)
 
 
+@pytest.mark.parametrize("chunk", [8192, 1 << 20])
+@pytest.mark.parametrize("layout", tracegen.LAYOUTS)
+def test_one_pass_over_a_gzip_file_finds_the_same_starts_as_one_search_each(traces, monkeypatch, layout, chunk):
+    """Offsets far apart (skipped), close together (windows that overlap) and past the end; with small
+    chunks, the windows of neighbouring offsets overlap more often than not."""
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    path, _ = traces[(layout, 0.6, ".json.gz")]
+    size = kineto.json_size(path)
+    assert size is not None
+    offsets = sorted({0, 1, 100, 5000, 5001, 9000, size // 3, size // 3 + 10, size // 2, size - 10, size, size + 99}
+                     | {size * k // 16 for k in range(1, 16)})
+    each = [kineto.event_start_at(path, offset) for offset in offsets]
+    assert kineto.event_starts_at(path, offsets) == each
+    assert sum(start is not None for start in each) > 16 and each[-1] is None
+
+
 def assert_analysis_is_the_truth(result: dict, truth: dict) -> None:
     """analysis.json rounds to 0.1 us and shares to 4 places; within that, it is the truth."""
     kernel_us = truth["kernel_us"]
