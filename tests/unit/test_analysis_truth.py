@@ -97,6 +97,18 @@ def test_one_pass_over_a_gzip_file_finds_the_same_starts_as_one_search_each(trac
     assert sum(start is not None for start in each) > 16 and each[-1] is None
 
 
+@pytest.mark.parametrize("pieces", [2, 3, 16])
+@pytest.mark.parametrize("skip_cost", [0.0, 0.22, 0.5])
+def test_ranges_are_cut_so_that_their_readers_end_together(pieces, skip_cost):
+    """A range's reader first skips (inflates) all before it: with that cost, later ranges are shorter
+    and every reader's work is the same; without it, the ranges are equal."""
+    size = 10**9
+    points = [0, *analysis._split_points(size, pieces, skip_cost=skip_cost), size]
+    assert points == sorted(points) and len(set(points)) == pieces + 1
+    costs = [skip_cost * a + (b - a) for a, b in zip(points, points[1:], strict=False)]
+    assert max(costs) - min(costs) <= 2
+
+
 def assert_analysis_is_the_truth(result: dict, truth: dict) -> None:
     """analysis.json rounds to 0.1 us and shares to 4 places; within that, it is the truth."""
     kernel_us = truth["kernel_us"]
