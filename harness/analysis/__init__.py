@@ -198,14 +198,15 @@ def _worker_results(proc: subprocess.Popen | None, ranges: list[Range]) -> list[
 def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:
     """Byte ranges of a file's JSON text that each start at an event (the first at the text's start).
     A gzip'd file's are found by inflating it once, up to the last (and each range's reader inflates
-    it again up to its start). A file whose ranges cannot be found is read whole
-    (a broken file then fails where it is read, naming itself)."""
+    it again up to its start, so they shorten along it). A file whose ranges cannot be found is read
+    whole (a broken file then fails where it is read, naming itself)."""
     size = json_size(path) if pieces > 1 else None
     if size is None or size < RANGE_MIN_BYTES:
         return [(0, None)]
     starts = [0]
+    points = _split_points(size, pieces, skip_cost=SKIP_COST if is_gzip(path) else 0.0)
     try:
-        for start in event_starts_at(path, _split_points(size, pieces, skip_cost=SKIP_COST if is_gzip(path) else 0)):
+        for start in event_starts_at(path, points):
             if start is not None and start > starts[-1]:
                 starts.append(start)
     except (OSError, EOFError, zlib.error):
