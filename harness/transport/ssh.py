@@ -218,6 +218,12 @@ class SSHTransport(ProcessTransport):
         self.run(command, stdin=data, timeout=30 + len(data) / 1e6)
 
 
+def _open_channel(transport: paramiko.Transport, deadline: float) -> paramiko.Channel:
+    """A session channel with our window and receive buffer (inbuffer.py), opened by `deadline`."""
+    return inbuffer.install(transport.open_session(window_size=_WINDOW,
+                                                   timeout=max(deadline - time.monotonic(), 0.01)))
+
+
 class _GroupCommand:
     """What a wrapped command (`_wrap`) prints: its process group's id on stdout's first line, which
     stdout loses; stderr kept aside."""
@@ -252,8 +258,7 @@ class _ChannelProcess(_GroupCommand):
         self._owner, self._transport, self._watchdog = owner, transport, watchdog
         self._stdin = memoryview(stdin) if stdin is not None else None
         try:
-            self._chan = inbuffer.install(transport.open_session(window_size=_WINDOW,
-                                                                 timeout=max(deadline - time.monotonic(), 0.01)))
+            self._chan = _open_channel(transport, deadline)
             self._chan.exec_command(_wrap(command, deadline - time.monotonic()))
             if self._stdin is None:
                 self._chan.shutdown_write()
@@ -375,8 +380,7 @@ class _Mux:
         if python:
             command = f"if [ -x {shell_path(python)} ]; then exec {shell_path(python)} -c {source}; fi; {command}"
         try:
-            chan = inbuffer.install(transport.open_session(window_size=_WINDOW,
-                                                           timeout=max(deadline - time.monotonic(), 0.01)))
+            chan = _open_channel(transport, deadline)
             chan.exec_command(command)
         except _LINK_ERRORS as e:
             raise _lost(e, deadline, host) from None

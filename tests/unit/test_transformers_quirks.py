@@ -26,7 +26,7 @@ from harness.remote.exchange import parse_exchange
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "streams"
 OPENAI_FIELDS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "stream", "stream_options",
-                 "stop", "seed", "frequency_penalty", "generation_config"}
+                 "stop", "frequency_penalty", "generation_config"}
 
 
 def events_of(name: str) -> list[bytes]:
