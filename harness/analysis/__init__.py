@@ -36,11 +36,10 @@ import pickle
 import statistics
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 from harness.analysis.categories import NAMES, categorize
-from harness.analysis.kineto import event_starts_at, is_gzip, json_size
+from harness.analysis.kineto import INFLATE_ERRORS, event_starts_at, is_gzip, json_size
 from harness.analysis.summary import FileSummary, Totals, summarize, summarize_range
 from harness.engines import TraceNaming, naming_for
 from harness.errors import InputError
@@ -209,7 +208,7 @@ def _ranges(path: Path, pieces: int) -> list[tuple[int, int | None]]:
         for start in event_starts_at(path, points):
             if start is not None and start > starts[-1]:
                 starts.append(start)
-    except (OSError, EOFError, zlib.error):
+    except INFLATE_ERRORS:
         return [(0, None)]
     return list(zip(starts, starts[1:] + [None], strict=True))
 

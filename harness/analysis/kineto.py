@@ -33,16 +33,21 @@ An event with a wanted category and a `dur` is a complete event: Chrome's format
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import re
-import zlib
 from collections.abc import Callable, Generator, Iterator
 from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any, cast
 
+from isal import igzip, isal_zlib
+
 from harness.errors import InputError
+
+# (isal's stubs declare its error an instance: it is a class)
+INFLATE_ERRORS = (OSError, EOFError, cast(type[Exception], isal_zlib.error))
+"""What reading a gzip'd trace raises for a file that is not one, is cut, or is corrupt (a bad header or
+CRC is gzip.BadGzipFile, an OSError; a cut stream EOFError; a bad block ISA-L's own error)."""
 
 Event = tuple[str, str, object, object, float, float]
 """cat, name, pid, tid, ts, dur of one complete event; ts and dur in microseconds as in the trace."""
@@ -87,8 +92,7 @@ def iter_event_batches(path: Path, meta: dict, wanted: frozenset[str], *, start:
     try:
         with _open_at(path, start) as f:
             yield from _Parser(f.read, meta, wanted, base=start, stop=stop).events(in_array=start > 0)
-    except (OSError, EOFError, zlib.error, ValueError) as e:
-        # JSONDecodeError and gzip.BadGzipFile are ValueError and OSError; EOFError is a cut gzip.
+    except (*INFLATE_ERRORS, ValueError) as e:  # a JSONDecodeError is a ValueError
         raise InputError(f"not a readable trace: {e}", file=str(path)) from e
 
 
@@ -105,15 +109,17 @@ def json_size(path: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def _open_at(path: Path, offset: int) -> Iterator[IO[bytes] | gzip.GzipFile]:
+def _open_at(path: Path, offset: int) -> Iterator[IO[bytes] | igzip.IGzipFile]:
     """The file's JSON text from byte `offset` on: a gzip stream is inflated up to there (in chunks:
-    GzipFile.seek inflates 8 kB at a time)."""
+    seek inflates 8 kB at a time). ISA-L inflates the standard gzip format three to four times as fast
+    as zlib here (0.08 s against 0.29 s for 262 MB of trace), which is most of what reading a gzip'd
+    trace costs beyond reading it plain."""
     if not is_gzip(path):
         with open(path, "rb") as f:
             f.seek(offset)
             yield f
         return
-    with gzip.open(path, "rb") as f:
+    with igzip.open(path, "rb") as f:
         left = offset
         while left > 0 and (skipped := len(f.read(min(left, CHUNK_BYTES)))):
             left -= skipped

@@ -338,9 +338,20 @@ def test_a_truncated_gzip_is_an_input_error_naming_the_file(tmp_path):
         analyze_path(tmp_path)
 
 
-def test_a_corrupt_gzip_is_an_input_error_naming_the_file(tmp_path):
+@pytest.mark.parametrize("damage", ["header", "block", "crc"])
+def test_a_corrupt_gzip_is_an_input_error_naming_the_file(tmp_path, damage):
+    """Each way a gzip stream breaks raises its own exception class (BadGzipFile for the header and the
+    CRC, the inflater's own error for a bad block): each is the same InputError."""
     path = tmp_path / "bad.json.gz"
-    path.write_bytes(b"\x1f\x8b\x08\x00" + b"not deflate data at all" * 10)
+    if damage == "header":
+        path.write_bytes(b"\x1f\x8b\x08\x00" + b"not deflate data at all" * 10)
+    else:
+        write_trace(path, one_step_events() * 20)
+        data = bytearray(path.read_bytes())
+        # the first block's header (after the 10-byte header and the file name gzip.open writes); the CRC
+        at = data.index(0, 10) + 1 if damage == "block" else len(data) - 8
+        data[at:at + 4] = bytes(b ^ 0xFF for b in data[at:at + 4])
+        path.write_bytes(bytes(data))
     with pytest.raises(InputError, match="bad.json.gz"):
         analyze_path(path)
 
