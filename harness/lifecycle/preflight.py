@@ -2,7 +2,7 @@
 
 One remote command checks the venv, the engine import, the port, the GPUs and the disk (the agent's
 `probe`), lists the installed engine's flags (so a flag the installed version dropped fails here, in
-seconds, not at 3 a.m.), and records the host's facts.
+seconds, not at 3 a.m.), and records the host's facts: the three at once, on the host.
 """
 
 from __future__ import annotations
@@ -35,14 +35,18 @@ def preflight(ctx: RunContext) -> dict:
                               "--dir", paths.root) + f' "--module={module}"'
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
-    help_list = (f"[ -s {cache}/help.txt ] || ( {ctx.in_venv(engine.help_command)} ) > {cache}/help.txt 2>&1; "
-                 f"tail -c 2000000 {cache}/help.txt; " if engine.help_command else "")
+    # The flag listing and the facts run beside the probe: on a GPU host each imports the engine or asks
+    # the driver, seconds apiece, at the first run of a sweep on each host. Each is written aside and
+    # moved into place, so a run that looks while another writes never reads half of one.
+    listing = (f"{{ [ -s {cache}/help.txt ] || {{ ( {ctx.in_venv(engine.help_command)} ) > {cache}/help.txt.$$ "
+               f"2>&1; mv -f {cache}/help.txt.$$ {cache}/help.txt; }}; }} & " if engine.help_command else "")
     collect = ctx.in_venv(collect_script(facts_for(engine), cache_dir + "/facts.tmp"))
-    facts = (f"[ -d {cache}/facts ] || {{ mkdir -p {cache}/facts.tmp && ( {collect} ) >/dev/null 2>&1; "
-             f"mv {cache}/facts.tmp {cache}/facts; }}; cp -p {cache}/facts/* {q(paths.facts_dir)}/; ")
+    facts = (f"{{ [ -d {cache}/facts ] || {{ mkdir -p {cache}/facts.tmp && ( {collect} ) >/dev/null 2>&1; "
+             f"mv {cache}/facts.tmp {cache}/facts; }}; }} & ")
+    help_tail = f"tail -c 2000000 {cache}/help.txt; " if engine.help_command else ""
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
-               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && {probe}; echo {SEP}; {help_list}"
-               f"{facts}true")
+               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && {{ {listing}{facts}{probe}; wait; }}; "
+               f"echo {SEP}; {help_tail}cp -p {cache}/facts/* {q(paths.facts_dir)}/; true")
     result = ctx.sh(command, timeout=600)
     out = result.stdout
     if NO_VENV in out:
