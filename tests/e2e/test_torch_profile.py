@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import harness
 from tests.e2e.test_sweep import manifests, playbook, sweep_dir
 
-torch = pytest.importorskip("torch", reason="profile.mode torch needs torch in the host's venv (.ci/run installs it)")
+torch = pytest.importorskip("torch", reason="profile.mode torch needs torch in the host's venv (make test installs it)")
 
 SERVER = '''
 import json, sys, torch
