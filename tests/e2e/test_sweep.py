@@ -158,6 +158,22 @@ def test_a_flag_the_installed_engine_dropped_fails_in_preflight(tmp_path, ssh_in
     assert err["kind"] == "preflight" and "--enable-piecewise-cuda-graph" in err["message"]
 
 
+def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inventory):
+    """A first run's preflight lists the engine's flags, collects the host's facts and probes at once. The
+    flag listing here lists flags only once the facts collection has begun writing: one after the other
+    (the listing first), it would give up after a minute and list nothing, which fails the preflight."""
+    facts = tmp_path / "remote-work" / "*" / ".host" / "facts*" / "kernel.txt"
+    listing = (f"for _ in $(seq 600); do ls {facts} >/dev/null 2>&1 && break; sleep 0.1; done; "
+               f"ls {facts} >/dev/null 2>&1 && python -m sglang.launch_server --help")
+    pb = yaml.safe_load(playbook(tmp_path, configs=[{"name": "one"}], profile="none").read_text())
+    pb["server"]["help_command"] = listing
+    (tmp_path / "playbook.yaml").write_text(yaml.safe_dump(pb))
+    run = harness("sweep", tmp_path / "playbook.yaml", "-i", ssh_inventory(), "-o", tmp_path / "r")
+    m = manifests(tmp_path / "r")["one-1"]
+    assert run.returncode == 0 and m["status"] == "ok", (m.get("error"), run.stderr[-2000:])
+    assert m["facts"]["kernel"] and m["facts"]["python"]
+
+
 def test_a_server_that_runs_out_of_memory_fails_fast_as_oom_with_its_log(tmp_path, ssh_inventory):
     pb = playbook(tmp_path, configs=[{"name": "big", "env": {"HARNESS_SIM_FAULT": "oom_at_start"}}])
     run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
