@@ -37,7 +37,8 @@ def preflight(ctx: RunContext) -> dict:
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
     # The flag listing and the facts run beside the probe: on a GPU host each imports the engine or asks
     # the driver, seconds apiece, at the first run of a sweep on each host. Each is written aside and
-    # moved into place, so a run that looks while another writes never reads half of one.
+    # moved into place, so a preflight cut short (a lost link, a timeout) leaves no half of a listing
+    # that the host's later runs would take for the whole.
     listing = (f"{{ [ -s {cache}/help.txt ] || {{ ( {ctx.in_venv(engine.help_command)} ) > {cache}/help.txt.$$ "
                f"2>&1; mv -f {cache}/help.txt.$$ {cache}/help.txt; }}; }} & " if engine.help_command else "")
     collect = ctx.in_venv(collect_script(facts_for(engine), cache_dir + "/facts.tmp"))
