@@ -4,7 +4,7 @@ from a local path with no hub access (HF_HUB_OFFLINE=1).
 Why: a real engine run needs a real model on a machine that reaches no model hub. The weights are
 random (the text is nonsense) but the shapes, the decode loop and the server around it are real:
 
-    python scripts/make_tiny_llama.py OUT_DIR [--layers 8 --hidden 1024 --vocab 4096 --seed 0]
+    python scripts/make_tiny_llama.py OUT_DIR [--layers 8 --hidden 1024 --vocab 4096 --random-state 0]
     python scripts/make_tiny_llama.py OUT_DIR --layers 2 --hidden 256      # seconds on a CPU
 
 The tokenizer is a WordLevel vocabulary (special tokens, common words, then filler words `w<N>` up
@@ -105,13 +105,13 @@ def llama_config(tokenizer, layers: int, hidden: int):
         eos_token_id=tokenizer.eos_token_id, dtype="bfloat16")
 
 
-def build_model(tokenizer, layers: int, hidden: int, seed: int):
+def build_model(tokenizer, layers: int, hidden: int, random_state: int):
     """A LlamaForCausalLM with random weights."""
     import torch
     from transformers import LlamaForCausalLM
 
     config = llama_config(tokenizer, layers, hidden)
-    torch.manual_seed(seed)
+    torch.manual_seed(random_state)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.generation_config.eos_token_id = None  # decode every requested token (module docstring)
     model.generation_config.do_sample = False
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=1024, help="a multiple of 64")
     p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--random-state", type=int, default=0, help="the weights' random state")
     p.add_argument("--tokenizer", choices=("words", "bpe"), default="words",
                    help="words: every token decodes to a word; bpe: byte-level BPE, as real models have")
     p.add_argument("--no-weights", action="store_true", help="write config and tokenizer only, for an "
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.out_dir}: LlamaForCausalLM config, {args.layers} layers, hidden {args.hidden}, vocab "
               f"{len(tokenizer)}, no weights (serve with --load-format dummy)", file=sys.stderr)
         return 0
-    model = build_model(tokenizer, args.layers, args.hidden, args.seed)
+    model = build_model(tokenizer, args.layers, args.hidden, args.random_state)
     model.save_pretrained(args.out_dir)   # config.json, generation_config.json, model.safetensors
     tokenizer.save_pretrained(args.out_dir)
     params = sum(t.numel() for t in model.parameters())
