@@ -24,6 +24,7 @@ commands that do not search start as fast as before.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import logging
 import re
 import threading
@@ -56,6 +57,10 @@ FIXED = ("objective", "direction", "level")
 MAX_DUPLICATES = 50
 """Proposals in a row of points already run after which the search ends (the space is as good as done)."""
 LATENCY = re.compile(r"^(ttft|itl|tpot|e2e)_ms_(\w+)$")
+(OPTUNA_RANDOM_STATE,) = inspect.signature(optuna.samplers.RandomSampler).parameters
+"""The keyword under which Optuna's samplers take their random state (the playbook's `random_state`):
+RandomSampler takes nothing else, so its one parameter is it. The harness keeps its own name for it
+throughout; this is where that name meets Optuna's."""
 
 
 def distribution(entry: Entry) -> BaseDistribution:
@@ -134,8 +139,8 @@ class Search:
     def _open(self) -> optuna.Study:
         if self._study is None:
             self.layout.dir.mkdir(parents=True, exist_ok=True)
-            sampler = optuna.samplers.TPESampler(seed=self.settings.random_state,
-                                                 n_startup_trials=self.settings.startup_trials)
+            random_state: dict[str, Any] = {OPTUNA_RANDOM_STATE: self.settings.random_state}
+            sampler = optuna.samplers.TPESampler(n_startup_trials=self.settings.startup_trials, **random_state)
             self._study = optuna.create_study(storage=f"sqlite:///{self.layout.study}",
                                               study_name=self.sweep.sweep_id, direction=self.direction,
                                               sampler=sampler, load_if_exists=True)

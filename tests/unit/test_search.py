@@ -273,6 +273,20 @@ def _read(search) -> dict:
     return json.loads(search.layout.search.read_text())
 
 
+def test_the_same_random_state_proposes_the_same_runs_and_another_different_ones(tmp_path):
+    def proposed(folder, random_state: int) -> list[str]:
+        folder.mkdir()
+        search = _search(folder, LOOP.replace("random_state: 0", f"random_state: {random_state}"))
+        ran = []
+        while (spec := search.next()) is not None:
+            ran.append(spec.run_id.rsplit("-", 1)[0])   # the configuration, without the run's number
+            _end(search, spec, 100.0 + len(ran))
+        return ran
+    first, again = proposed(tmp_path / "a", 0), proposed(tmp_path / "b", 0)
+    assert len(first) == 12 and first == again
+    assert proposed(tmp_path / "c", 1) != first
+
+
 def test_patience_stops_the_search_after_that_many_runs_that_did_not_beat_the_best(tmp_path):
     search = _search(tmp_path, LOOP.replace("    budget: 12\n", "    budget: 12\n    patience: 3\n"))
     values = iter([500.0, 400.0, None, 450.0, 900.0])
