@@ -125,12 +125,9 @@ def pooled_median_interval(groups, *, resamples, random_state):
     return stats[int(0.025 * (resamples - 1))], stats[int(0.975 * (resamples - 1))]
 
 
-@pytest.mark.parametrize("pool_directly", [4096, 0])   # small resamples pooled, large ones bisected
-def test_the_grouped_interval_is_exactly_the_median_of_the_pooled_resamples(monkeypatch, pool_directly):
+def test_the_grouped_interval_is_exactly_the_median_of_the_pooled_resamples():
     import random
 
-    from harness.report import noise
-    monkeypatch.setattr(noise, "POOL_DIRECTLY", pool_directly)
     rng = random.Random(7)
     for case in range(40):
         # ties (rounded values), empty groups, odd and even totals
