@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError, Kind
-
-LOCK = "sweep.lock"
+from harness.results.layout import SweepLayout
 
 
 class SweepLocked(HarnessError):
@@ -26,7 +25,7 @@ class SweepLocked(HarnessError):
 
 class SweepLock:
     def __init__(self, sweep_dir: Path):
-        self.path = Path(sweep_dir) / LOCK
+        self.path = SweepLayout(Path(sweep_dir)).lock
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -60,7 +59,7 @@ class SweepLock:
 
 def holder(sweep_dir: Path) -> dict | None:
     """Who runs the sweep now ({pid, host, since}), or None when no orchestrator holds its lock."""
-    path = Path(sweep_dir) / LOCK
+    path = SweepLayout(Path(sweep_dir)).lock
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:

@@ -30,19 +30,23 @@ Conventions of the result:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.analysis.categories import NAMES, categorize
 from harness.analysis.kineto import INFLATE_ERRORS, event_starts_at, is_gzip, json_size
 from harness.analysis.summary import FileSummary, Totals, summarize, summarize_range
 from harness.engines import TraceNaming, naming_for
 from harness.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.results import RunLayout, RunManifest
+    from harness.results.models import ProfileRecord
 
 SCHEMA = "harness.analysis/1"
 TRACE_PATTERNS = ("*.trace.json", "*.trace.json.gz", "*.json.gz")
@@ -77,19 +81,18 @@ def _locate(path: Path) -> tuple[list[Path], TraceNaming | None, int | None]:
         return [path], naming_for([path]), None
     if not path.is_dir():
         raise InputError("no such trace file or directory", file=str(path))
-    manifest_steps = None
-    run_dir = path if (path / "manifest.json").is_file() else None
-    if run_dir is not None:
-        manifest_steps = _manifest_steps(path / "manifest.json")
-        path = path / "profile"
+    run = _run_folder(path)
+    manifest = run[1] if run is not None else None
+    if run is not None:
+        path = run[0].profile
     found = sorted({p for pattern in TRACE_PATTERNS for p in path.rglob(pattern) if p.is_file()}) \
         if path.is_dir() else []
     if not found:
-        said = _profile_said(run_dir / "manifest.json") if run_dir is not None else ""
+        said = _profile_said(manifest.profile) if manifest is not None else ""
         raise InputError(f"no trace files ({', '.join(TRACE_PATTERNS)}) in this directory" + said,
                          file=str(path))
     naming = naming_for(found)
-    return _per_rank(found, naming), naming, manifest_steps
+    return _per_rank(found, naming), naming, _manifest_steps(manifest.profile) if manifest is not None else None
 
 
 def _per_rank(files: list[Path], naming: TraceNaming | None) -> list[Path]:
@@ -107,35 +110,32 @@ def _numeric(key: tuple[str, ...] | None) -> tuple[int, ...]:
     return tuple(int(g) if g and g.isdigit() else -1 for g in key or ())
 
 
-def _profile_said(manifest: Path) -> str:
+def _run_folder(path: Path) -> tuple[RunLayout, RunManifest] | None:
+    """The run folder `path` and its manifest; None when `path` is not one (it has no manifest)."""
+    from harness.results import RunLayout, RunManifest, read_model  # only here: rank workers start without pydantic
+
+    layout = RunLayout(path)
+    return (layout, read_model(layout.manifest, RunManifest)) if layout.manifest.is_file() else None
+
+
+def _profile_said(profile: ProfileRecord | None) -> str:
     """What the run's manifest records of its profile capture, for a run that brought no traces back."""
-    try:
-        profile = json.loads(manifest.read_text()).get("profile")
-    except (OSError, ValueError, AttributeError):
-        return ""
-    if not isinstance(profile, dict):
+    if profile is None:
         return ": this run captured no profile (profile.mode none, or it failed before profiling)"
-    said = f": the profile is {profile.get('status')}: {profile.get('error') or 'no files'}"
-    answers = profile.get("answers") or []
-    if answers:
-        last = answers[-1]
+    said = f": the profile is {profile.status}: {profile.error or 'no files'}"
+    if profile.answers:
+        last = profile.answers[-1]
         said += f"; the engine's last answer: {last.get('call')} -> {last.get('status', last.get('answer'))} " \
                 f"{str(last.get('body', ''))[:200]!r}"
-    return said + (f" ({profile['hint']})" if profile.get("hint") else "")
+    return said + (f" ({profile.hint})" if profile.hint else "")
 
 
-def _manifest_steps(manifest: Path) -> int | None:
-    """`profile.steps`, else the playbook's `profile.num_steps`, from a run's manifest.json."""
-    if not manifest.is_file():
+def _manifest_steps(profile: ProfileRecord | None) -> int | None:
+    """The steps the profile recorded (`steps`, from older harnesses), else those the playbook asked
+    of it (`num_steps`)."""
+    if profile is None:
         return None
-    try:
-        recorded = json.loads(manifest.read_text())
-    except (ValueError, OSError) as e:
-        raise InputError(f"unreadable run manifest: {e}", file=str(manifest)) from e
-    profile = recorded.get("profile") if isinstance(recorded, dict) else None
-    if not isinstance(profile, dict):
-        return None
-    steps = profile.get("steps") or profile.get("num_steps")
+    steps = (profile.model_extra or {}).get("steps") or profile.num_steps
     return steps if isinstance(steps, int) and steps > 0 else None
 
 

@@ -27,7 +27,7 @@ from harness.transport.base import shell_path
 ZIPAPP = "harness.pyz"
 PACKAGE = "harness_host"   # the tools' package inside the zipapp: a name no engine's import can meet
 SHIPPED = ("__main__.py", "agent.py", "bench.py", "exchange.py", "exposition.py", "levels.py", "loop.py", "maxload.py",
-           "stats.py", "telemetry.py", "torchprof.py", "workload.py")
+           "names.py", "stats.py", "telemetry.py", "torchprof.py", "workload.py")
 DEFAULT_WORKDIR = "~/.cache/harness"
 _OK, _FOREIGN, _OPEN = "__harness_workdir__", "__harness_workdir_foreign__", "__harness_workdir_open__"
 _EPOCH = (1980, 1, 1, 0, 0, 0)   # the earliest time a zip entry can carry: one for every entry

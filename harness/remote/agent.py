@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any
 
+from .names import RunFiles
+
 
 def emit(obj: dict) -> int:
     sys.stdout.write(json.dumps(obj) + "\n")
@@ -296,13 +298,13 @@ def cmd_stop(a) -> int:
     pid = read_pid(a.pid_file)
     out: dict = {"pid": pid, "was_running": bool(pid and group_alive(pid))}
     out["signal"] = stop_group(pid, a.timeout)
-    stop_group(read_pid(os.path.join(os.path.dirname(a.pid_file), "watchdog.pid")), 5)
+    stop_group(read_pid(os.path.join(os.path.dirname(a.pid_file), RunFiles.WATCHDOG_PID)), 5)
     started = time.monotonic()
     while port_open(a.bind, a.port) and time.monotonic() < started + a.timeout:
         time.sleep(2 * _pause(time.monotonic() - started))
     out["group_alive"] = bool(pid and group_alive(pid))
     if not out["group_alive"]:   # a later reap or stop must not find a pid that may be reused
-        for name in ("server.pid", "watchdog.pid"):
+        for name in (RunFiles.PID, RunFiles.WATCHDOG_PID):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(os.path.dirname(a.pid_file), name))
     out["port_closed"] = not port_open(a.bind, a.port)
@@ -338,13 +340,12 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-SECRETS_FILE = ".secrets.env"   # the harness's name for a run's secret environment (harness/plan.py)
 
 
 def remove_secrets(run_dir: str) -> None:
     """A stopped server's secrets have no reason to stay on the host."""
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(run_dir, SECRETS_FILE))
+        os.unlink(os.path.join(run_dir, RunFiles.SECRETS))
 
 
 def lease_age(path: str) -> float:
@@ -361,7 +362,7 @@ def cmd_watch(a) -> int:
     sleeps, the touches stop and the GPUs are freed `lease_s` later instead of never.
     """
     run_dir = os.path.dirname(os.path.abspath(a.pid_file))
-    write_pid(os.path.join(run_dir, "watchdog.pid"), os.getpid())
+    write_pid(os.path.join(run_dir, RunFiles.WATCHDOG_PID), os.getpid())
     deadline = time.monotonic() + 60
     while read_pid(a.pid_file) is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -381,15 +382,15 @@ def cmd_watch(a) -> int:
 def cmd_reap(a) -> int:
     """Stop servers and watchdogs of earlier sweeps under `workdir` whose lease has lapsed."""
     stopped = []
-    runs = {os.path.dirname(p) for name in ("server.pid", SECRETS_FILE)
+    runs = {os.path.dirname(p) for name in (RunFiles.PID, RunFiles.SECRETS)
             for p in glob.glob(os.path.join(a.workdir, "*", "*", name))}
     for run_dir in sorted(runs):
-        if lease_age(os.path.join(run_dir, "lease")) <= a.lease_s:
+        if lease_age(os.path.join(run_dir, RunFiles.LEASE)) <= a.lease_s:
             continue   # its orchestrator is still there
-        pgid = read_pid(os.path.join(run_dir, "server.pid"))
+        pgid = read_pid(os.path.join(run_dir, RunFiles.PID))
         if pgid and group_alive(pgid):
             stopped.append({"run_dir": run_dir, "pid": pgid, "signal": stop_group(pgid, 30)})
-            stop_group(read_pid(os.path.join(run_dir, "watchdog.pid")), 5)
+            stop_group(read_pid(os.path.join(run_dir, RunFiles.WATCHDOG_PID)), 5)
         remove_secrets(run_dir)
     return emit({"stopped": stopped})
 

@@ -63,6 +63,7 @@ from .exchange import APIS, auth_headers, build_target
 from .levels import SLO_FORM, is_slo, scenario_fields, summarize_level
 from .loop import Exchange, run_level
 from .maxload import bisect_max_load
+from .names import RunFiles
 from .stats import several_per_chunk
 from .workload import ARRIVALS, PromptMaker, arrival_offsets, synthetic_prompt
 
@@ -293,7 +294,7 @@ def write_results(result: dict, out_path) -> None:
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(out, json.dumps({k: v for k, v in result.items() if k != "requests"}, indent=2) + "\n")
-    _write_atomic(out.with_name("requests.jsonl"), "".join(json.dumps(r) + "\n" for r in result["requests"]))
+    _write_atomic(out.with_name(RunFiles.REQUESTS), "".join(json.dumps(r) + "\n" for r in result["requests"]))
 
 
 def format_level(level: dict) -> str:
@@ -364,7 +365,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="processes to split each level's streams over (default 1; raise it only beyond "
                         "~20,000 chunks/s and where cores are free beside the server's)")
-    p.add_argument("--out", default="bench.json", help="bench.json path; requests.jsonl goes beside it")
+    p.add_argument("--out", default=RunFiles.BENCH, help="bench.json path; requests.jsonl goes beside it")
     p.add_argument("--progress-file", help="a JSON file rewritten once a second with where the level stands")
     p.add_argument("--api-key-env", help="an environment variable holding the server's API key, sent as "
                    "Authorization: Bearer (the key itself never on the command line)")

@@ -1,4 +1,5 @@
-"""Where everything of a sweep lives: the one place that spells a file name.
+"""Where everything of a sweep lives: every path of a sweep and a run is built here, from the names of
+`SweepFiles` (below) and `RunFiles` (harness/remote/names.py, which the tools on the host use too).
 
     RESULTS/<sweep_id>/            SweepLayout   sweep.json, journal.jsonl, sweep.lock, summary.json|csv,
                                                  a search's search.json and study.db
@@ -15,30 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from harness.remote.names import RunFiles
+
+__all__ = ["HostRunLayout", "RunFiles", "RunLayout", "SweepFiles", "SweepLayout", "node_name"]
+
 P = TypeVar("P", Path, str)
-
-
-class RunFiles:
-    """The names inside a run folder."""
-    LAUNCH = "launch.sh"
-    SERVER_LOG = "server.log"
-    PID = "server.pid"                # the server's wrapper: pid, start time, boot id
-    EXIT = "server.exit"              # its exit code, once it exited
-    WATCHDOG_PID = "watchdog.pid"
-    WATCHDOG_LOG = "watchdog.log"
-    LEASE = "lease"
-    SECRETS = ".secrets.env"          # mode 0600 on the host: never pulled, removed at every teardown
-    PROFILE = "profile"
-    FACTS = "facts"
-    BENCH = "bench.json"
-    REQUESTS = "requests.jsonl"       # beside bench.json (the benchmark client writes both)
-    TELEMETRY = "telemetry.jsonl"     # the server's /metrics and the GPUs, sampled around the benchmark
-    BENCH_PROGRESS = "bench.progress.json"
-    PROMPT = "prompt.txt"
-    MANIFEST = "manifest.json"
-    ANALYSIS = "analysis.json"
-    HARNESS_ERROR = "harness-error.log"
-    NODES = "nodes"                   # a server on several hosts: nodes/node<k>/, the run folder of node k >= 1
 
 
 def node_name(rank: int) -> str:

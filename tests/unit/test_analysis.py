@@ -14,6 +14,8 @@ from harness.analysis import analyze_path, kineto
 from harness.analysis.categories import NAMES
 from harness.errors import InputError
 from harness.report.analysis_view import render_analysis, short_name
+from harness.results import RunManifest, write_model
+from harness.results.models import ConfigRecord, ProfileRecord
 
 GEMM = "nvjet_tst_128x64_64x8_1x1_v_bz_TNT"
 CAST = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
@@ -316,7 +318,8 @@ def test_files_no_engine_names_are_each_a_rank_in_name_order(tmp_path):
 def test_a_run_directory_reads_its_profile_and_the_step_count_in_its_manifest(tmp_path):
     run = tmp_path / "runs" / "tp8-0001"
     four_ranks(run / "profile")
-    (run / "manifest.json").write_text(json.dumps({"schema": "harness.run/1", "profile": {"num_steps": 5}}))
+    write_model(run / "manifest.json", RunManifest(run_id="tp8-0001", config=ConfigRecord(name="tp8"), status="ok",
+                                                   profile=ProfileRecord(status="ok", num_steps=5)))
     result = analyze_path(run)
     assert (result["steps"], result["steps_source"], result["per_step_ms"]) == (5, "request", 0.211)
     assert analyze_path(run, requested_steps=10)["per_step_ms"] == 0.1055
@@ -378,10 +381,28 @@ def test_a_missing_path_or_a_directory_without_traces_is_an_input_error(tmp_path
         analyze_path(tmp_path)
 
 
-def test_an_unreadable_manifest_is_an_input_error_naming_it(tmp_path):
+@pytest.mark.parametrize("text, why", [("{not json", "cannot read it"),
+                                       ('{"schema": "harness.run/1", "status": "ok"}', "run_id: Field required")])
+def test_an_unreadable_manifest_is_an_input_error_naming_it(tmp_path, text, why):
     four_ranks(tmp_path / "profile")
-    (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(InputError, match="manifest.json"):
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(InputError, match="manifest.json") as raised:
+        analyze_path(tmp_path)
+    assert why in str(raised.value)
+
+
+def test_a_run_without_traces_says_what_its_manifest_recorded_of_the_profile(tmp_path):
+    answers = [{"call": "POST /stop_profile", "status": 500, "body": "no trace written"}]
+    write_model(tmp_path / "manifest.json", RunManifest(
+        run_id="c-1", config=ConfigRecord(name="c"), status="failed",
+        profile=ProfileRecord(status="failed", error="the engine wrote no trace", answers=answers,
+                              hint="look at server.log")))
+    with pytest.raises(InputError) as raised:
+        analyze_path(tmp_path)
+    assert ("the profile is failed: the engine wrote no trace; the engine's last answer: POST /stop_profile -> 500 "
+            "'no trace written' (look at server.log)") in str(raised.value)
+    write_model(tmp_path / "manifest.json", RunManifest(run_id="c-1", config=ConfigRecord(name="c"), status="ok"))
+    with pytest.raises(InputError, match="this run captured no profile"):
         analyze_path(tmp_path)
 
 
