@@ -13,7 +13,6 @@ may share one.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import re
 import statistics
@@ -25,7 +24,7 @@ import yaml
 from harness.errors import InputError
 from harness.plan import Sweep, load_sweep
 from harness.remote.stats import percentile
-from harness.results import BenchLevel, RunLayout, RunManifest, RunResult, Unreadable, read_model
+from harness.results import BenchLevel, RunLayout, RunManifest, RunResult, Unreadable, read_model, read_requests
 from harness.results import load_run as load_run_result
 from harness.secrets import MASK
 
@@ -175,16 +174,8 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
 def _requests(layout: RunLayout) -> dict[LevelKey, list[dict]]:
     """The original's completed requests (requests.jsonl), by the key of their level."""
     out: dict[LevelKey, list[dict]] = {}
-    try:
-        lines = layout.requests.read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and not r.get("error") and (key := _record_key(r)) is not None:
+    for r in read_requests(layout):
+        if not r.get("error") and (key := _record_key(r)) is not None:
             out.setdefault(key, []).append(r)
     return out
 

@@ -37,7 +37,16 @@ from harness.report import noise, telemetry_view
 from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
 from harness.report.references import check_references, references_of
-from harness.results import BenchLevel, RunManifest, RunResult, SweepLayout, find_sweeps, load_runs, read_search
+from harness.results import (
+    BenchLevel,
+    RunManifest,
+    RunResult,
+    SweepLayout,
+    find_sweeps,
+    load_runs,
+    read_search,
+    samples,
+)
 from harness.results.models import DISTRIBUTIONS
 from harness.sim.knobs import recorded_time_scale
 
@@ -272,11 +281,10 @@ def _intervals(ok: Sequence[Sample]) -> tuple[tuple[float, float] | None, ...]:
     if len(ok) >= 2:
         return noise.bootstrap_ci(itl), noise.bootstrap_ci(tok)
     if len(ok) == 1 and (level := ok[0].level) is not None:
-        gaps = [r["itl_ms"] for r in ok[0].run.requests if r.get("concurrency") == level.concurrency
+        gaps = [g for r in ok[0].run.requests if r.get("concurrency") == level.concurrency
                 and r.get("scenario") == level.scenario and r.get("request_rate") == level.request_rate
-                and bool(r.get("probe")) == level.probe
-                and not r.get("error") and isinstance(r.get("itl_ms"), list)
-                and all(isinstance(x, (int, float)) for x in r["itl_ms"])]
+                and bool(r.get("probe")) == level.probe and not r.get("error")
+                and isinstance(r.get("itl_ms"), list) and (g := samples(r, "itl_ms")) is not None]
         return noise.grouped_ci(gaps), None
     return None, None
 

@@ -9,7 +9,6 @@ font, no URL, so it opens offline, attaches to a mail and prints. The comparison
 from __future__ import annotations
 
 import datetime as dt
-import json
 import statistics
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from harness.report import plots, search_view, telemetry_view
 from harness.report.analysis_view import short_name
 from harness.report.compare import collect, load_label, load_notes, max_load_text, time_note, winner, winner_text
 from harness.results import RunResult, atomic_write, find_sweeps, load_runs
+from harness.results import samples as request_samples
 
 TEMPLATES = Path(__file__).parent / "templates"
 QUANTILES = ("p1", "p25", "p50", "p75", "p99")
@@ -212,22 +212,13 @@ def _distributions(runs: list[RunResult], metric: str, order: list[str]) -> list
     pooled over requests and repeats; one TTFT a request)."""
     samples: dict[str, dict[str, list[float]]] = {}
     for run in runs:
-        path = run.layout.requests
-        if not run.manifest.ok or not path.exists():
+        if not run.manifest.ok:
             continue
-        for line in path.read_text().splitlines():
-            try:
-                req = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line
-            value = req.get(metric)
-            if req.get("error") or value is None:
-                continue
-            if req.get("probe"):
+        for req in run.requests:
+            if req.get("error") or req.get("probe") or (values := request_samples(req, metric)) is None:
                 continue
             where = load_label(req) if req.get("scenario") else f"concurrency {req.get('concurrency')}"
-            bucket = samples.setdefault(where, {}).setdefault(run.manifest.config.name, [])
-            bucket.extend(value if isinstance(value, list) else [value])
+            samples.setdefault(where, {}).setdefault(run.manifest.config.name, []).extend(values)
     groups = []
     for where, by_config in samples.items():
         groups.append((where, [(c, _quantiles(by_config[c])) for c in order

@@ -25,8 +25,10 @@ from harness.results.store import (
                                     maybe_read,
                                     read_json,
                                     read_model,
+                                    read_requests,
                                     read_search,
                                     read_sweep,
+                                    samples,
                                     summary_rows,
                                     write_json,
                                     write_model,
@@ -36,5 +38,5 @@ from harness.results.store import (
 __all__ = ["AnalysisFile", "BenchFile", "BenchLevel", "ErrorRecord", "HostRunLayout", "JournalEvent", "RunFiles",
            "RunLayout", "RunManifest", "RunResult", "SearchFile", "SearchTrial", "SweepFiles", "SweepLayout",
            "SweepRecord", "SweepRun", "Unreadable", "atomic_write", "find_sweeps", "latest_sweep", "load_run",
-           "load_runs", "maybe_read", "read_json", "read_model", "read_search", "read_sweep", "summary_rows",
-           "write_json", "write_model", "write_summary"]
+           "load_runs", "maybe_read", "read_json", "read_model", "read_requests", "read_search", "read_sweep",
+           "samples", "summary_rows", "write_json", "write_model", "write_summary"]

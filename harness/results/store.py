@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -115,20 +116,8 @@ class RunResult:
 
     @cached_property
     def requests(self) -> list[dict[str, Any]]:
-        """requests.jsonl's records (a torn last line, or one that is not a record, is left out)."""
-        try:
-            lines = self.layout.requests.read_text(errors="replace").splitlines()
-        except OSError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                out.append(record)
-        return out
+        """requests.jsonl's records (see `read_requests`)."""
+        return read_requests(self.layout)
 
     @cached_property
     def launch_command(self) -> str | None:
@@ -144,6 +133,34 @@ class RunResult:
 
 MAX_TELEMETRY_BYTES = 256 << 20
 """A telemetry.jsonl larger than this is not read (a day at one sample a second is ~100 MB with 8 GPUs)."""
+
+
+def read_requests(layout: RunLayout) -> list[dict[str, Any]]:
+    """A run's requests.jsonl, one record a request; [] without the file. A torn last line, a line that
+    is not a record, or bytes that are not UTF-8 are left out: the file is the host's, and a benchmark
+    cut short leaves half a line."""
+    try:
+        lines = layout.requests.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def samples(record: dict[str, Any], key: str) -> list[float] | None:
+    """A request record's `key` as its samples: a number is one, a list of numbers each one (ITL gaps);
+    None for anything else (absent, a string, a list with a non-number, NaN): the host wrote it."""
+    value = record.get(key)
+    values: list[Any] = value if isinstance(value, list) else [value]
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return numbers if values and len(numbers) == len(values) and all(map(math.isfinite, numbers)) else None
 
 
 def read_telemetry(path: Path) -> TelemetryFile | None:

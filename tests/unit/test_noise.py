@@ -137,3 +137,16 @@ def test_the_grouped_interval_is_exactly_the_median_of_the_pooled_resamples():
             continue
         assert grouped_ci(groups, resamples=200, random_state=case) == \
             pooled_median_interval(groups, resamples=200, random_state=case)
+
+
+def test_requests_the_host_wrote_badly_are_left_out_of_the_report_and_the_rest_shown(tmp_path):
+    """requests.jsonl comes from the host: bytes that are not UTF-8, a line that is not a record and a
+    torn last line cost those lines only."""
+    from harness.report.html import render_report
+    root = sweep(tmp_path, {"64": [900], "256": [1500]})
+    good = json.dumps({"concurrency": 8, "ttft_ms": 41.5, "itl_ms": [9.0, 11.0]})
+    for name in ("64", "256"):
+        (root / "runs" / f"{name}-1" / "requests.jsonl").write_bytes(
+            good.encode() + b'\n{"ttft_ms": "\xff\xfe"}\n[1, 2]\n' + good.encode()[:17])
+    page = render_report([root])
+    assert "Time to first token" in page and "41.5" in page

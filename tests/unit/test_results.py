@@ -139,3 +139,15 @@ def test_the_bench_client_and_the_analyzer_write_the_schemas_the_models_read():
     from harness.remote.bench import SCHEMA as BENCH
     assert BenchFile.model_fields["schema_"].default == BENCH
     assert AnalysisFile.model_fields["schema_"].default == ANALYSIS
+
+
+def test_a_runs_requests_are_read_line_by_line_and_only_numbers_are_samples(tmp_path):
+    from harness.results import RunLayout, read_requests, samples
+    layout = RunLayout(tmp_path)
+    assert read_requests(layout) == []   # no file
+    layout.requests.write_bytes(b'{"itl_ms": [1, 2.5], "ttft_ms": 40}\n{"ttft_ms": "\xff"}\n[1]\nnot json\n'
+                                b'{"itl_ms": [1, NaN], "ttft_ms": true}\n{"itl_ms": [1, "2"], "ttft_ms": null}\n{"itl')
+    records = read_requests(layout)
+    assert len(records) == 4   # the list, the line that is not JSON and the torn last line are left out
+    assert [samples(r, "itl_ms") for r in records] == [[1.0, 2.5], None, None, None]
+    assert [samples(r, "ttft_ms") for r in records] == [[40.0], None, None, None]
