@@ -81,10 +81,9 @@ def _locate(path: Path) -> tuple[list[Path], TraceNaming | None, int | None]:
         return [path], naming_for([path]), None
     if not path.is_dir():
         raise InputError("no such trace file or directory", file=str(path))
-    run = _run_folder(path)
-    manifest = run[1] if run is not None else None
-    if run is not None:
-        path = run[0].profile
+    layout, manifest = _run_folder(path)
+    if layout is not None:
+        path = layout.profile
     found = sorted({p for pattern in TRACE_PATTERNS for p in path.rglob(pattern) if p.is_file()}) \
         if path.is_dir() else []
     if not found:
@@ -110,12 +109,12 @@ def _numeric(key: tuple[str, ...] | None) -> tuple[int, ...]:
     return tuple(int(g) if g and g.isdigit() else -1 for g in key or ())
 
 
-def _run_folder(path: Path) -> tuple[RunLayout, RunManifest] | None:
-    """The run folder `path` and its manifest; None when `path` is not one (it has no manifest)."""
+def _run_folder(path: Path) -> tuple[RunLayout, RunManifest] | tuple[None, None]:
+    """The run folder `path` and its manifest; (None, None) when `path` is not one (it has no manifest)."""
     from harness.results import RunLayout, RunManifest, read_model  # only here: rank workers start without pydantic
 
     layout = RunLayout(path)
-    return (layout, read_model(layout.manifest, RunManifest)) if layout.manifest.is_file() else None
+    return (layout, read_model(layout.manifest, RunManifest)) if layout.manifest.is_file() else (None, None)
 
 
 def _profile_said(profile: ProfileRecord | None) -> str:

@@ -340,8 +340,6 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-
-
 def remove_secrets(run_dir: str) -> None:
     """A stopped server's secrets have no reason to stay on the host."""
     with contextlib.suppress(OSError):

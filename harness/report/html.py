@@ -20,8 +20,7 @@ from harness.errors import tail
 from harness.report import plots, search_view, telemetry_view
 from harness.report.analysis_view import short_name
 from harness.report.compare import collect, load_label, load_notes, max_load_text, time_note, winner, winner_text
-from harness.results import RunResult, atomic_write, find_sweeps, load_runs
-from harness.results import samples as request_samples
+from harness.results import RunResult, atomic_write, find_sweeps, load_runs, samples
 
 TEMPLATES = Path(__file__).parent / "templates"
 QUANTILES = ("p1", "p25", "p50", "p75", "p99")
@@ -210,17 +209,17 @@ def _kernels(rows: list[dict]) -> list[dict]:
 def _distributions(runs: list[RunResult], metric: str, order: list[str]) -> list[tuple[str, list[tuple[str, dict]]]]:
     """Per concurrency level, per configuration: quantiles of every sample in requests.jsonl (ITL gaps
     pooled over requests and repeats; one TTFT a request)."""
-    samples: dict[str, dict[str, list[float]]] = {}
+    pooled: dict[str, dict[str, list[float]]] = {}
     for run in runs:
         if not run.manifest.ok:
             continue
         for req in run.requests:
-            if req.get("error") or req.get("probe") or (values := request_samples(req, metric)) is None:
+            if req.get("error") or req.get("probe") or (values := samples(req, metric)) is None:
                 continue
             where = load_label(req) if req.get("scenario") else f"concurrency {req.get('concurrency')}"
-            samples.setdefault(where, {}).setdefault(run.manifest.config.name, []).extend(values)
+            pooled.setdefault(where, {}).setdefault(run.manifest.config.name, []).extend(values)
     groups = []
-    for where, by_config in samples.items():
+    for where, by_config in pooled.items():
         groups.append((where, [(c, _quantiles(by_config[c])) for c in order
                                                if len(by_config.get(c, [])) > 0]))
     return [g for g in groups if g[1]]
