@@ -80,8 +80,8 @@ def main():
     inp, out = sys.stdin.buffer, sys.stdout.buffer
 
     def frame(kind, payload):
-        out.write(kind + struct.pack(">I", len(payload)))
-        out.write(payload)
+        # one write: a header written alone would leave sshd a 5-byte packet to send for every chunk
+        out.write(b"".join((kind, struct.pack(">I", len(payload)), payload)))
         out.flush()
 
     out.write(MAGIC)

@@ -34,6 +34,8 @@ from harness.transport.base import Pulled, shell_path
 
 ZSTD = shutil.which("zstd")  # None: pulls come uncompressed
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+"""What gzip, bzip2 and xz streams start with: tarfile's stream mode reads those."""
 _CHUNK = 1 << 16
 # tarfile's reads from the stream and ours from its members: its defaults (10 and 16 kB) cost a
 # Python call per 10 kB; much larger costs in copies (its stream buffer is re-sliced on every read).
@@ -89,32 +91,64 @@ def tar_command(remote_dir: str, *, compress: bool, exclude: tuple[str, ...] = (
 
 
 class _Reader:
-    """A file-like view of a chunk source for tarfile's stream mode, which needs whole reads: it
-    detects compression from the first read, and a chunk from the wire may be a single byte.
+    """A file-like view of a chunk source, as tarfile reads it: whole reads (a chunk from the wire
+    may be a single byte), its position, and seeks forward, which read on and drop what they pass.
 
     What was read stays in the buffer until the next refill, which drops it in one move: deleting
     it on every read would shift the rest of the buffer each time, copying every byte many times.
+    `read_some` hands a chunk on as it came, uncopied, where a file's data needs no exact size.
     """
 
     def __init__(self, read: Callable[[], bytes]):
         self._next = read
         self._buf = bytearray()
         self._pos = 0
+        self._offset = 0    # bytes read before the buffer's start
+
+    def tell(self) -> int:
+        return self._offset + self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Forward only (tarfile skips a member's data, or its padding, with a seek)."""
+        skip = offset - self.tell() if whence == os.SEEK_SET else offset if whence == os.SEEK_CUR else -1
+        if skip < 0:
+            raise io.UnsupportedOperation("a pull's stream cannot seek backwards or from its end")
+        while skip and (data := self.read_some(min(skip, _TAR_BUFFER))):
+            skip -= len(data)
+        return self.tell()
+
+    def read_some(self, size: int) -> bytes:
+        """At most `size` bytes, at least one unless the stream has ended."""
+        if self._pos == len(self._buf):
+            chunk = self._next()
+            if len(chunk) <= size:
+                self._offset += len(chunk)
+                return chunk
+            self._refill(chunk)
+        data = bytes(memoryview(self._buf)[self._pos:self._pos + size])
+        self._pos += len(data)
+        return data
 
     def read(self, size: int) -> bytes:
         if self._pos == len(self._buf):   # nothing buffered: a chunk that suffices passes uncopied
             chunk = self._next()
             if len(chunk) == size:
+                self._offset += size
                 return chunk
-            self._buf[:] = chunk
-            self._pos = 0
+            self._refill(chunk)
         data = self.peek(size)
         self._pos += len(data)
         return data
 
+    def _refill(self, chunk: bytes) -> None:
+        self._offset += len(self._buf)
+        self._buf[:] = chunk
+        self._pos = 0
+
     def peek(self, size: int) -> bytes:
         """The next `size` bytes (fewer at the end), left to be read again."""
         while len(self._buf) - self._pos < size and (chunk := self._next()):
+            self._offset += self._pos
             del self._buf[:self._pos]
             self._pos = 0
             self._buf += chunk
@@ -218,19 +252,19 @@ class _Unzstd:
 
 
 def _member_reader(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[int], bytes]:
-    """Reads of a regular file's data. Straight from the archive's stream when it is plain tar and
-    stands at the file's data (always, in stream mode): tarfile's own reader for a member adds two
-    more copies of every byte. Otherwise (sparse files) through `extractfile`."""
+    """Reads of a regular file's data. Straight from our reader of a plain tar, which stands at the
+    file's data: each chunk as it came off the wire (tarfile's stream mode copied every byte three
+    more times: a quarter of our CPU in a pull, benchmarks/README.md). Otherwise (a gzip'd stream, a
+    sparse file) through `extractfile`."""
     stream = tar.fileobj
-    if (member.sparse is None and getattr(stream, "comptype", None) == "tar" and stream is not None
-            and stream.tell() == member.offset_data):
+    if isinstance(stream, _Reader) and member.sparse is None and stream.tell() == member.offset_data:
         left = member.size
 
         def read(size: int) -> bytes:
             nonlocal left
             if left <= 0:
                 return b""
-            data = stream.read(min(size, left))
+            data = stream.read_some(min(size, left))
             if not data:
                 raise tarfile.ReadError("unexpected end of data")
             left -= len(data)
@@ -338,8 +372,11 @@ class Staging:
         so no path can lead outside the staging directory once `_filter` has checked its name."""
         members = 0
         self._syncer = _Syncer()
-        # typeshed's fileobj protocol asks for write, tell, seek and close too; stream mode only reads
-        with tarfile.open(fileobj=stream, mode="r|*", bufsize=_TAR_BUFFER) as tar:  # type: ignore[call-overload]
+        # Plain tar (what we ask for) is read as a file that only goes forward: tarfile's stream mode,
+        # which finds out a compression the host used unasked, copies every byte again.
+        # typeshed's fileobj protocol asks for write too; reading never calls it
+        mode = "r|*" if stream.peek(6).startswith(_COMPRESSED) else "r:"
+        with tarfile.open(fileobj=stream, mode=mode, bufsize=_TAR_BUFFER) as tar:  # type: ignore[call-overload]
             for member in tar:
                 members += 1
                 if members > MAX_MEMBERS:

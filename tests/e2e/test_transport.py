@@ -296,6 +296,29 @@ def test_a_stream_cut_inside_a_file_is_an_error_and_leaves_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_files_after_a_refused_one_and_a_sparse_one_arrive_whole(tmp_path):
+    """The plain tar stream is read as a file that only seeks forward: a refused member's megabyte
+    is read past, a sparse file (GNU tar -S) goes through tarfile's own reader, and the files after
+    each arrive byte for byte, from chunks of odd sizes."""
+    (tmp_path / "src").mkdir()
+    with open(tmp_path / "src" / "sparse", "wb") as f:
+        f.seek(3 << 20)
+        f.write(b"end of a sparse file")
+    big, after = os.urandom((1 << 20) + 7), os.urandom(300_001)
+    (tmp_path / "src" / "z-after").write_bytes(after)
+    sparse = subprocess.run(["tar", "-C", str(tmp_path / "src"), "-S", "--format=gnu", "-cf", "-", "sparse", "z-after"],
+                            capture_output=True, check=True).stdout
+    head = archive(("../refused", big, {}), ("kept", b"kept", {}), fmt=tarfile.GNU_FORMAT)
+    stream = head[:3 * 512 + len(big) + 505] + sparse   # the two members without the archive's end
+    chunks = iter([stream[i:i + 70_001] for i in range(0, len(stream), 70_001)])
+    with Staging(tmp_path / "run", label="forward") as staging:
+        staging.extract(lambda: next(chunks, b""))
+        pulled = staging.commit()
+    assert sorted(pulled.sha256) == ["kept", "sparse", "z-after"]
+    assert pulled.skipped and (tmp_path / "run" / "z-after").read_bytes() == after
+    assert (tmp_path / "run" / "sparse").read_bytes() == (tmp_path / "src" / "sparse").read_bytes()
+
+
 def test_a_compressed_stream_arriving_a_byte_at_a_time_extracts_whole(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "server.log").write_text("ready\n" * 100)
