@@ -215,13 +215,36 @@ def test_the_real_vllms_metrics_are_sampled_before_and_after_every_level(sweep):
 
 
 def test_compare_summarizes_what_vllm_said_during_each_level(sweep):
-    _, _, results = sweep
+    """compare's gauges are those of the scrapes taken within each level (or of its bracketing window
+    when none was), as vLLM's own families say, read here from telemetry.jsonl by their names. Whether
+    a scrape happens to land while a request runs is the machine's timing, so the figures are checked
+    against what the scrapes said, not against a count of running requests."""
+    _, runs, results = sweep
     rows = [r for r in json.loads(harness("compare", results, "--format", "json").stdout) if r["config"] == "eager"]
     assert [r["concurrency"] for r in rows] == [1, 4]
+    run_dir, _ = runs["eager"]
+    samples = [x for x in map(json.loads, (run_dir / "telemetry.jsonl").read_text().splitlines())
+               if x["source"] == "metrics"]
+    levels = {lv["concurrency"]: lv for lv in json.loads((run_dir / "bench.json").read_text())["levels"]}
+
+    def family(sample: dict, name: str) -> float:
+        found = [v for k, v in sample["values"].items() if k.partition("{")[0] == name]
+        assert found, f"no {name} in a scrape"   # vLLM's own name, not the harness's list of them
+        return sum(found)
+
     for row in rows:
-        t = row["telemetry"]
-        assert t["bracketed"] and 1 <= t["running_max"] <= row["concurrency"]
-        assert 0 < t["kv_cache_usage_max"] <= 1
+        t, level = row["telemetry"], levels[row["concurrency"]]
+        start, end = level["started_ns"], level["ended_ns"]
+        lo = max(i for i, x in enumerate(samples) if x["t_end_ns"] <= start)
+        hi = min(i for i, x in enumerate(samples) if x["t_ns"] >= end)
+        inside = [x for x in samples[lo:hi + 1] if x["t_ns"] >= start and x["t_end_ns"] <= end]
+        assert t["bracketed"]
+        running = [family(x, "vllm:num_requests_running") for x in inside or samples[lo:hi + 1]]
+        usage = [family(x, "vllm:kv_cache_usage_perc") for x in inside or samples[lo:hi + 1]]
+        assert t["running_max"] == max(running), (running, t)
+        assert not inside or max(running) <= row["concurrency"]   # a bracket may see the next level's
+        assert t["running_mean"] == pytest.approx(statistics.fmean(running))
+        assert t["kv_cache_usage_max"] == pytest.approx(max(usage)) and 0 <= max(usage) <= 1
         # the same 300-token prompt every time: after the warm-up every request finds it cached
         assert 0.5 < t["prefix_cache_hit_rate"] < 1
     assert "telemetry per level" in harness("compare", results).stdout
