@@ -47,6 +47,9 @@ MAX_MEMBERS = 200_000
 that never ends."""
 TRAILER_MAX = 1 << 20
 """What may follow the archive's end (its zero blocks, a compressor's frame end) before we stop reading."""
+MAX_HEADER_READ = 16 << 20
+"""The most one exact read may ask for: a pax or GNU long-name header says its own size, and tarfile
+reads it whole into memory (a name or attribute list is a few kB); file data is never read whole."""
 LOCAL_RESERVE = 256 << 20
 """Free space the local disk keeps while a pull writes: the journal and manifests must still fit."""
 
@@ -130,6 +133,8 @@ class _Reader:
         return data
 
     def read(self, size: int) -> bytes:
+        if size > MAX_HEADER_READ:   # tarfile reads whole only headers and padding: the host's word on a size
+            raise ValueError(f"an archive header of {size} bytes")
         if self._pos == len(self._buf):   # nothing buffered: a chunk that suffices passes uncopied
             chunk = self._next()
             if len(chunk) == size:

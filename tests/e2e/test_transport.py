@@ -252,6 +252,21 @@ def test_a_hostile_tar_stream_is_a_failed_collect_never_our_exception(tmp_path, 
     assert refused.value.kind == "collect" and not local.exists()
 
 
+def test_a_header_that_claims_a_gigabyte_is_refused_before_it_is_read(tmp_path):
+    """A pax header says its own size, and tarfile reads it whole into memory: a host that claims
+    1 GB for one, and sends without end, is refused after 16 MB at most, not after a gigabyte."""
+    claim = tarfile.TarInfo("././@PaxHeader")
+    claim.type, claim.size = tarfile.XHDTYPE, 1 << 30
+    head, sent = claim.tobuf(tarfile.USTAR_FORMAT), []
+
+    def endless() -> bytes:
+        sent.append(head if not sent else b"x" * (1 << 18))
+        return sent[-1]
+    with Staging(tmp_path / "run", label="pax-claim") as staging, pytest.raises(Refused, match="header of"):
+        staging.extract(endless)
+    assert len(sent) <= 64 and not (tmp_path / "run").exists()
+
+
 def test_an_endless_stream_of_entries_stops_at_the_cap(tmp_path, monkeypatch):
     monkeypatch.setattr("harness.transport.tarpull.MAX_MEMBERS", 50)
     stream = archive(*[(f"f{i}", b"", {}) for i in range(51)])
