@@ -12,10 +12,12 @@ checks what is left (PEP 706). Names with newlines or a leading `-` are ordinary
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import errno
 import hashlib
 import io
+import lzma
 import math
 import os
 import queue
@@ -25,20 +27,22 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from harness.errors import Kind, RemoteError
 from harness.transport.base import Pulled, shell_path
 
 ZSTD = shutil.which("zstd")  # None: pulls come uncompressed
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
-"""What gzip, bzip2 and xz streams start with: tarfile's stream mode reads those."""
+_INFLATERS: dict[bytes, Callable[[], Any]] = {
+    b"\x1f\x8b": lambda: zlib.decompressobj(wbits=31), b"BZh": bz2.BZ2Decompressor,
+    b"\xfd7zXZ\x00": lzma.LZMADecompressor}
+"""What gzip, bzip2 and xz streams start with, and their decompressors (a host may send those unasked)."""
 _CHUNK = 1 << 16
-# tarfile's reads from the stream and ours from its members: its defaults (10 and 16 kB) cost a
-# Python call per 10 kB; much larger costs in copies (its stream buffer is re-sliced on every read).
+# Our reads of a file's data, and of what a seek passes over: small reads cost a Python call each.
 _TAR_BUFFER = 1 << 18
 
 
@@ -206,6 +210,32 @@ class _Syncer:
             raise self._error
 
 
+class _Inflated:
+    """The chunks of a gzip, bzip2 or xz stream decompressed, each at most `_CHUNK` bytes however
+    much one compressed chunk expands; what follows the compressed stream's end is passed on as it
+    is (tarfile sees it after the archive's end: data where none belongs)."""
+
+    def __init__(self, wire: _Reader, inflater: Any):
+        self._wire, self._d, self._after = wire, inflater, False
+
+    def read(self) -> bytes:
+        d = self._d
+        while not d.eof:
+            if hasattr(d, "unconsumed_tail"):   # zlib keeps the input it has not used yet
+                data = d.unconsumed_tail or self._wire.read_some(_CHUNK)
+            else:                               # bz2 and lzma keep it themselves
+                data = self._wire.read_some(_CHUNK) if d.needs_input else b""
+            if out := d.decompress(data, _CHUNK):
+                return out
+            if not data:
+                raise EOFError("the compressed stream ends early")
+        if not self._after:
+            self._after = True
+            if d.unused_data:
+                return bytes(d.unused_data)
+        return self._wire.read_some(_CHUNK)
+
+
 class _Unzstd:
     """The local `zstd -d` between the wire and tarfile (the standard library has no zstd before 3.14).
 
@@ -257,10 +287,9 @@ class _Unzstd:
 
 
 def _member_reader(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[int], bytes]:
-    """Reads of a regular file's data. Straight from our reader of a plain tar, which stands at the
-    file's data: each chunk as it came off the wire (tarfile's stream mode copied every byte three
-    more times: a quarter of our CPU in a pull, benchmarks/README.md). Otherwise (a gzip'd stream, a
-    sparse file) through `extractfile`."""
+    """Reads of a regular file's data. Straight from our reader, which stands at the file's data:
+    each chunk as it came (tarfile's stream mode copied every byte three more times: a quarter of
+    our CPU in a pull, benchmarks/README.md). A sparse file through tarfile's `extractfile`."""
     stream = tar.fileobj
     if isinstance(stream, _Reader) and member.sparse is None and stream.tell() == member.offset_data:
         left = member.size
@@ -337,15 +366,20 @@ class Staging:
 
     def extract(self, read: Callable[[], bytes], *, announced: bool = False) -> None:
         """Extract the stream that `read` yields chunk by chunk (b"" at its end) into the staging dir:
-        plain tar, gzip'd (tarfile finds out) or zstd'd (we do). What the host sent is not trusted:
-        whatever it makes go wrong is a Refused pull (a failed collect), never an exception of ours;
-        only a full local disk is left as the OSError it is. `announced`: the stream starts with the
-        size line of `tar_command(announce=True)`. Every file is on the disk (fsync) when this returns."""
+        plain tar, or tar compressed with zstd (what we ask for), gzip, bzip2 or xz (found out here).
+        What the host sent is not trusted: whatever it makes go wrong is a Refused pull (a failed
+        collect), never an exception of ours; only a full local disk is left as the OSError it is.
+        `announced`: the stream starts with the size line of `tar_command(announce=True)`. Every file
+        is on the disk (fsync) when this returns."""
         wire = _Reader(read)
         try:
             if announced:
                 self._expect(wire.line(32))
-            if wire.peek(4) != _ZSTD_MAGIC:
+            head = wire.peek(6)
+            if inflater := next((make for magic, make in _INFLATERS.items() if head.startswith(magic)), None):
+                self._extract(_Reader(_Inflated(wire, inflater()).read))
+                return
+            if not head.startswith(_ZSTD_MAGIC):
                 self._extract(wire)
                 return
             if ZSTD is None:   # we never ask for zstd without having it: the host sent it unasked
@@ -377,11 +411,10 @@ class Staging:
         so no path can lead outside the staging directory once `_filter` has checked its name."""
         members = 0
         self._syncer = _Syncer()
-        # Plain tar (what we ask for) is read as a file that only goes forward: tarfile's stream mode,
-        # which finds out a compression the host used unasked, copies every byte again.
+        # The tar stream is read as a file that only goes forward: tarfile's stream mode copied every
+        # byte again, and read a header whole however large it said it was.
         # typeshed's fileobj protocol asks for write too; reading never calls it
-        mode = "r|*" if stream.peek(6).startswith(_COMPRESSED) else "r:"
-        with tarfile.open(fileobj=stream, mode=mode, bufsize=_TAR_BUFFER) as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
             for member in tar:
                 members += 1
                 if members > MAX_MEMBERS:

@@ -6,8 +6,11 @@ Both transports promise the same things, so most tests run on both; what only SS
 
 from __future__ import annotations
 
+import bz2
+import functools
 import hashlib
 import io
+import lzma
 import os
 import resource
 import shlex
@@ -16,6 +19,7 @@ import subprocess
 import tarfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -252,19 +256,47 @@ def test_a_hostile_tar_stream_is_a_failed_collect_never_our_exception(tmp_path, 
     assert refused.value.kind == "collect" and not local.exists()
 
 
-def test_a_header_that_claims_a_gigabyte_is_refused_before_it_is_read(tmp_path):
+COMPRESSORS = {"plain": None, "gzip": lambda: zlib.compressobj(wbits=31), "bzip2": bz2.BZ2Compressor,
+               "xz": lzma.LZMACompressor}
+"""What a host could send unasked (we ask for plain tar or zstd): each is found out and read."""
+
+
+@pytest.mark.parametrize("compression", list(COMPRESSORS))
+def test_a_header_that_claims_a_gigabyte_is_refused_before_it_is_read(tmp_path, compression):
     """A pax header says its own size, and tarfile reads it whole into memory: a host that claims
-    1 GB for one, and sends without end, is refused after 16 MB at most, not after a gigabyte."""
+    1 GB for one, and sends without end, is refused after 16 MB at most, not after a gigabyte,
+    whether the stream is compressed or not."""
     claim = tarfile.TarInfo("././@PaxHeader")
     claim.type, claim.size = tarfile.XHDTYPE, 1 << 30
-    head, sent = claim.tobuf(tarfile.USTAR_FORMAT), []
+    make = COMPRESSORS[compression]
+    packer, fed = make() if make else None, []
 
     def endless() -> bytes:
-        sent.append(head if not sent else b"x" * (1 << 18))
-        return sent[-1]
+        while True:   # a compressor may keep what it was given until it has a block's worth
+            fed.append(os.urandom(1 << 18) if fed else claim.tobuf(tarfile.USTAR_FORMAT))
+            if out := (packer.compress(fed[-1]) if packer else fed[-1]):
+                return out
     with Staging(tmp_path / "run", label="pax-claim") as staging, pytest.raises(Refused, match="header of"):
         staging.extract(endless)
-    assert len(sent) <= 64 and not (tmp_path / "run").exists()
+    assert sum(map(len, fed)) <= 32 << 20 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("compression", ["gzip", "bzip2", "xz"])
+def test_a_stream_compressed_unasked_extracts_whole_and_nothing_may_follow_it(tmp_path, compression):
+    big, text = os.urandom((1 << 20) + 3), b"ready\n" * 500_000     # 3 MB that compress to little
+    packer = COMPRESSORS[compression]()
+    stream = packer.compress(archive(("profile/big", big, {}), ("server.log", text, {}))) + packer.flush()
+    for extra, why in ((b"", None), (os.urandom(3 << 20), "after the end of the archive")):
+        data = stream + extra
+        read = functools.partial(next, iter([data[i:i + 70_001] for i in range(0, len(data), 70_001)]), b"")
+        with Staging(tmp_path / "run", label=compression) as staging:
+            if why:
+                with pytest.raises(Refused, match=why):
+                    staging.extract(read)
+                continue
+            staging.extract(read)
+            assert staging.commit().sha256 == {"profile/big": hashlib.sha256(big).hexdigest(),
+                                               "server.log": hashlib.sha256(text).hexdigest()}
 
 
 def test_an_endless_stream_of_entries_stops_at_the_cap(tmp_path, monkeypatch):
