@@ -117,7 +117,7 @@ class _Reader:
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Forward only (tarfile skips a member's data, or its padding, with a seek)."""
-        skip = offset - self.tell() if whence == os.SEEK_SET else offset if whence == os.SEEK_CUR else -1
+        skip = {os.SEEK_SET: offset - self.tell(), os.SEEK_CUR: offset}.get(whence, -1)
         if skip < 0:
             raise io.UnsupportedOperation("a pull's stream cannot seek backwards or from its end")
         while skip and (data := self.read_some(min(skip, _TAR_BUFFER))):
@@ -286,12 +286,11 @@ class _Unzstd:
             pipe.close()
 
 
-def _member_reader(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[int], bytes]:
+def _member_reader(tar: tarfile.TarFile, stream: _Reader, member: tarfile.TarInfo) -> Callable[[int], bytes]:
     """Reads of a regular file's data. Straight from our reader, which stands at the file's data:
     each chunk as it came (tarfile's stream mode copied every byte three more times: a quarter of
     our CPU in a pull, benchmarks/README.md). A sparse file through tarfile's `extractfile`."""
-    stream = tar.fileobj
-    if isinstance(stream, _Reader) and member.sparse is None and stream.tell() == member.offset_data:
+    if member.sparse is None and stream.tell() == member.offset_data:
         left = member.size
 
         def read(size: int) -> bytes:
@@ -426,7 +425,7 @@ class Staging:
                     path.mkdir(parents=True, exist_ok=True)
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    self._write(_member_reader(tar, member), path, member)
+                    self._write(_member_reader(tar, stream, member), path, member)
         trailer = 0
         while chunk := stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
             trailer += len(chunk)

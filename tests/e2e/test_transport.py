@@ -20,6 +20,7 @@ import tarfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,11 @@ def archive(*members: tuple[str, bytes | None, dict], fmt=tarfile.PAX_FORMAT) ->
     return buf.getvalue()
 
 
+def chunked(data: bytes, size: int) -> Callable[[], bytes]:
+    """A `Staging.extract` source that hands `data` on in chunks of `size` bytes, then b""."""
+    return functools.partial(next, iter([data[i:i + size] for i in range(0, len(data), size)]), b"")
+
+
 @pytest.mark.parametrize("stream, why", [
     (archive(("profile/trace.json.gz", b"x", {"mtime": "nan"}), ("ok", b"y", {})), None),
     (archive(("a", b"file", {}), ("a/b", b"inside a file", {})), "cannot extract"),
@@ -244,15 +250,15 @@ def test_a_hostile_tar_stream_is_a_failed_collect_never_our_exception(tmp_path, 
     """Seen in an audit of what a compromised host could send: each used to escape as ValueError or
     OSError and end the host's worker; now each is a Refused pull (kind collect) or, for a time that
     is no number, a file without it, and nothing reaches the final path."""
-    chunks = iter([stream[i:i + 65536] for i in range(0, len(stream), 65536)])
+    read = chunked(stream, 65536)
     local = tmp_path / "run"
     with Staging(local, label="hostile") as staging:
         if why is None:
-            staging.extract(lambda: next(chunks, b""))
+            staging.extract(read)
             assert sorted(staging.commit().sha256) == ["ok", "profile/trace.json.gz"]
             return
         with pytest.raises(Refused, match=why) as refused:
-            staging.extract(lambda: next(chunks, b""))
+            staging.extract(read)
     assert refused.value.kind == "collect" and not local.exists()
 
 
@@ -288,7 +294,7 @@ def test_a_stream_compressed_unasked_extracts_whole_and_nothing_may_follow_it(tm
     stream = packer.compress(archive(("profile/big", big, {}), ("server.log", text, {}))) + packer.flush()
     for extra, why in ((b"", None), (os.urandom(3 << 20), "after the end of the archive")):
         data = stream + extra
-        read = functools.partial(next, iter([data[i:i + 70_001] for i in range(0, len(data), 70_001)]), b"")
+        read = chunked(data, 70_001)
         with Staging(tmp_path / "run", label=compression) as staging:
             if why:
                 with pytest.raises(Refused, match=why):
@@ -326,9 +332,8 @@ def test_a_pull_the_local_disk_cannot_hold_is_refused_before_any_file_arrives(tm
 def test_files_larger_than_a_read_arrive_whole_in_any_chunking(tmp_path, chunk):
     big, small = os.urandom((1 << 20) + 12345), b"tail"
     stream = b"123\n" + archive(("profile/big.trace.json.gz", big, {}), ("log", small, {}), fmt=tarfile.GNU_FORMAT)
-    chunks = iter([stream[i:i + chunk] for i in range(0, len(stream), chunk)])
     with Staging(tmp_path / "run", label="chunked") as staging:
-        staging.extract(lambda: next(chunks, b""), announced=True)
+        staging.extract(chunked(stream, chunk), announced=True)
         pulled = staging.commit()
     assert pulled.sha256 == {"profile/big.trace.json.gz": hashlib.sha256(big).hexdigest(),
                              "log": hashlib.sha256(small).hexdigest()}
@@ -357,9 +362,8 @@ def test_files_after_a_refused_one_and_a_sparse_one_arrive_whole(tmp_path):
                             capture_output=True, check=True).stdout
     head = archive(("../refused", big, {}), ("kept", b"kept", {}), fmt=tarfile.GNU_FORMAT)
     stream = head[:3 * 512 + len(big) + 505] + sparse   # the two members without the archive's end
-    chunks = iter([stream[i:i + 70_001] for i in range(0, len(stream), 70_001)])
     with Staging(tmp_path / "run", label="forward") as staging:
-        staging.extract(lambda: next(chunks, b""))
+        staging.extract(chunked(stream, 70_001))
         pulled = staging.commit()
     assert sorted(pulled.sha256) == ["kept", "sparse", "z-after"]
     assert pulled.skipped and (tmp_path / "run" / "z-after").read_bytes() == after
@@ -371,9 +375,8 @@ def test_a_compressed_stream_arriving_a_byte_at_a_time_extracts_whole(tmp_path):
     (tmp_path / "src" / "server.log").write_text("ready\n" * 100)
     archive = subprocess.run(["bash", "-c", f"tar -C {tmp_path / 'src'} -cf - . | gzip -1"],
                              capture_output=True, check=True).stdout
-    chunks = iter([archive[i:i + 1] for i in range(len(archive))])
     with Staging(tmp_path / "local", label="bytewise") as staging:
-        staging.extract(lambda: next(chunks, b""))
+        staging.extract(chunked(archive, 1))
         assert staging.commit().sha256 == {"server.log": hashlib.sha256(b"ready\n" * 100).hexdigest()}
 
 

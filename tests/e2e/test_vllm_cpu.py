@@ -239,8 +239,9 @@ def test_compare_summarizes_what_vllm_said_during_each_level(sweep):
         hi = min(i for i, x in enumerate(samples) if x["t_ns"] >= end)
         inside = [x for x in samples[lo:hi + 1] if x["t_ns"] >= start and x["t_end_ns"] <= end]
         assert t["bracketed"]
-        running = [family(x, "vllm:num_requests_running") for x in inside or samples[lo:hi + 1]]
-        usage = [family(x, "vllm:kv_cache_usage_perc") for x in inside or samples[lo:hi + 1]]
+        within = inside or samples[lo:hi + 1]
+        running = [family(x, "vllm:num_requests_running") for x in within]
+        usage = [family(x, "vllm:kv_cache_usage_perc") for x in within]
         assert t["running_max"] == max(running), (running, t)
         assert not inside or max(running) <= row["concurrency"]   # a bracket may see the next level's
         assert t["running_mean"] == pytest.approx(statistics.fmean(running))
