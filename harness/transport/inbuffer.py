@@ -1,5 +1,13 @@
-"""A channel's receive buffer that keeps what arrives as the packets it came in.
+"""What a connection receives, buffered where paramiko's own buffering costs a pull its CPU.
 
+`ReadAhead`: the connection's socket as paramiko's packet reader sees it, read in pieces of 256 kB.
+paramiko reads each packet with two `recv` calls (its length, then the rest), and a `recv` on a socket
+with a timeout is a `poll` and a `recv`: four system calls for every 32 kB packet sshd sends. Here one
+`recv` brings several packets and the reader's calls are served from it (a pull of 256 MB: 0.69 ->
+0.60 s of the harness's CPU, benchmarks/README.md). paramiko's transport thread is the only reader,
+so it needs no lock; every other use of the socket (send, timeouts, close) is the socket's own.
+
+`PacketBuffer`: a channel's receive buffer that keeps what arrives as the packets it came in.
 paramiko's own (`BufferedPipe`) appends every packet to one array and, on each read, copies the bytes
 out and shifts the rest of the array down: with a window of megabytes, a pull copies each byte
 several times, and that was a fifth of a pull's CPU here (benchmarks/README.md, collect). This one
@@ -15,9 +23,37 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from typing import Any
 
 import paramiko
 from paramiko.buffered_pipe import PipeTimeout
+
+READ_AHEAD = 1 << 18
+
+
+class ReadAhead:
+    """`sock` (a socket, or the channel of a jump host), its reads served from pieces of `size` bytes."""
+
+    def __init__(self, sock: Any, size: int = READ_AHEAD):
+        self._sock, self._size = sock, size
+        self._buf = b""
+        self._pos = 0
+
+    def recv(self, n: int) -> bytes:
+        """At most `n` bytes: what is left of the last piece, else a new piece (b"" at the end, and the
+        socket's own timeout when nothing comes)."""
+        if self._pos < len(self._buf):
+            out = self._buf[self._pos:self._pos + n]
+            self._pos += len(out)
+            return out
+        data = self._sock.recv(max(n, self._size))
+        if len(data) <= n:
+            return data
+        self._buf, self._pos = data, n
+        return data[:n]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 class PacketBuffer:

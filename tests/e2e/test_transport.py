@@ -23,11 +23,13 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from harness.errors import AuthError, CommandFailed, HostKeyError, RemoteError, RemoteTimeout, UnreachableError
 from harness.transport import HostSpec, connect
 from harness.transport.base import KILL_BUDGET_S, OUTPUT_LIMIT
+from harness.transport.inbuffer import ReadAhead
 from harness.transport.tarpull import Refused, Staging, TooLarge
 from tests.sshd import Sshd
 
@@ -528,6 +530,45 @@ def test_a_jump_host_carries_the_connection(sshd):
     transport = connect(sshd.host_spec(jump=f"{sshd.user}@127.0.0.1:{sshd.port}"))
     assert transport.run("echo jumped", timeout=10).stdout == "jumped\n"
     transport.close()
+
+
+def _pulls_whole(transport, tmp_path: Path) -> None:
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "trace.json").write_bytes(os.urandom(3 << 20))
+    pulled = transport.pull(str(remote), tmp_path / "local", timeout=60)
+    assert (tmp_path / "local" / "trace.json").read_bytes() == (remote / "trace.json").read_bytes()
+    assert pulled.sha256 == {"trace.json": hashlib.sha256((remote / "trace.json").read_bytes()).hexdigest()}
+
+
+def test_a_socket_is_read_ahead_and_a_jump_hosts_channel_is_left_as_it_is(sshd, tmp_path):
+    """The connection's own socket is read in large pieces (inbuffer.ReadAhead); through a jump host
+    that is the first hop's, while the target's "socket" is a channel of it, left alone."""
+    transport = connect(sshd.host_spec(jump=f"{sshd.user}@127.0.0.1:{sshd.port}"))
+    try:
+        _pulls_whole(transport, tmp_path)
+        jump, target = (hop.transport.sock for hop in transport._hops)
+        assert isinstance(jump, ReadAhead) and not isinstance(target, ReadAhead)
+    finally:
+        transport.close()
+
+
+def test_a_proxy_command_carries_the_connection_unbuffered(sshd, tmp_path, monkeypatch):
+    """ssh config's ProxyCommand (here bash's /dev/tcp relay): its `recv` waits for all it is asked,
+    so it is not read ahead, and commands and pulls go through it whole."""
+    relay = "bash -c 'exec 3<>/dev/tcp/%h/%p; cat <&3 & exec cat >&3'"
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host via-proxy\n  HostName 127.0.0.1\n  ProxyCommand {relay}\n  User {sshd.user}\n"
+                      f"  Port {sshd.port}\n  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {sshd.known_hosts}\n")
+    monkeypatch.setenv("HARNESS_SSH_CONFIG", str(config))
+    transport = connect(HostSpec(name="via-proxy"))
+    try:
+        assert transport.run("echo proxied", timeout=10).stdout == "proxied\n"
+        _pulls_whole(transport, tmp_path)
+        assert isinstance(transport._hops[-1].transport.sock, paramiko.ProxyCommand)
+        assert transport.compress_pulls   # a ProxyCommand is a link, and its peer no address
+    finally:
+        transport.close()
 
 
 def test_remote_paths_may_start_with_the_home_directory(sshd):

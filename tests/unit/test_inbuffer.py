@@ -1,16 +1,19 @@
-"""The channel receive buffer (harness/transport/inbuffer.py) against paramiko's own: the same answers to
-the same calls, waits that end when they should, and the event `select` waits on. Over a real sshd
-every SSH test uses it (tests/e2e/test_transport.py)."""
+"""The receive side's buffers (harness/transport/inbuffer.py): the channel buffer against paramiko's own
+(the same answers to the same calls, waits that end when they should, and the event `select` waits
+on), and the socket read ahead over a real socketpair. Over a real sshd every SSH test uses both
+(tests/e2e/test_transport.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
 import threading
 
 import pytest
 from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
-from harness.transport.inbuffer import PacketBuffer
+from harness.transport.inbuffer import PacketBuffer, ReadAhead
 
 
 def test_any_sequence_of_packets_and_reads_gives_what_paramikos_buffer_gives():
@@ -68,3 +71,48 @@ def test_the_event_is_set_while_data_is_there_or_once_closed():
     late = threading.Event()
     buf.set_event(late)
     assert late.is_set()
+
+
+def test_reads_ahead_of_a_real_socket_give_its_bytes_in_order_in_any_sizes():
+    """A socketpair written in odd pieces, read through ReadAhead with the sizes paramiko asks for
+    (4, then a packet's rest) and others: the same bytes in order, never more than asked."""
+    rng = random.Random(11)
+    data = rng.randbytes(3 << 20)
+    ours, theirs = socket.socketpair()
+    writer = threading.Thread(target=_send_in_pieces, args=(theirs, data, random.Random(12)))
+    writer.start()
+    ours.settimeout(30)
+    reader, got = ReadAhead(ours, size=1 << 16), bytearray()
+    try:
+        while chunk := reader.recv(n := rng.choice([1, 4, 16, 32768 + 20, 70000, 1 << 18])):
+            assert len(chunk) <= n
+            got += chunk
+    finally:
+        ours.close()   # a failed read ends the writer too
+        writer.join()
+    assert bytes(got) == data
+
+
+def _send_in_pieces(sock: socket.socket, data: bytes, rng: random.Random) -> None:
+    at = 0
+    with sock, contextlib.suppress(OSError):   # OSError: the reader gave up
+        while at < len(data):
+            n = rng.choice([1, 5, 4096, 32768 + 20, 100_000])
+            sock.sendall(data[at:at + n])
+            at += n
+
+
+def test_a_read_ahead_socket_keeps_its_timeout_and_everything_else_of_its_own():
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        reader = ReadAhead(ours)
+        reader.settimeout(0.05)              # the socket's own, as paramiko sets it
+        assert ours.gettimeout() == 0.05
+        with pytest.raises(TimeoutError):    # nothing came: the socket's timeout, as paramiko expects
+            reader.recv(4)
+        theirs.sendall(b"abcdef")
+        assert reader.recv(4) == b"abcd" and reader.recv(100) == b"ef"
+        reader.send(b"back")                 # sending is the socket's own
+        assert theirs.recv(10) == b"back"
+        theirs.close()
+        assert reader.recv(4) == b""         # the end of the stream, as the socket says it
