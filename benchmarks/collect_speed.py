@@ -10,11 +10,12 @@ pull with its checks, fsync and hashes, and the redaction of text files).
 A good run's folder is removed from the host once collected, so the same files (those the manifest
 lists as collected, copied from the local run folder) are then laid out again on the same host
 and pulled with `scp -r` (OpenSSH's default, the SFTP protocol) through the same sshd with the same
-key, `--scp-repeats` times (3), each into a fresh folder. The first scp finds the files as the
-collect found its own, just written; here it is the slowest, by up to a half, whatever the pause
-before it (benchmarks/README.md), and the fastest of the repeats is the strictest baseline. Each round is one sweep then its scps, so a busy moment of the machine hurts
-both alike. Two ratios, each the median of the rounds' own: against the first scp and against the
-fastest.
+key, `--scp-repeats` times (3), each into a fresh folder. The first scp writes into memory the way
+the collect did, after a pause; the later ones reuse what the scp before them freed, and on a
+virtual machine that hands free memory back to its host that is up to twice as fast
+(benchmarks/README.md). Each round is one sweep then its scps, so a busy moment of the machine
+hurts both alike. Two ratios, each the median of the rounds' own: against the first scp and
+against the fastest (the strictest baseline).
 
     .venv/bin/python benchmarks/collect_speed.py [--rounds 5] [--trace-mb 64] [--ranks 4] [--scp-repeats 3]
 """

@@ -559,7 +559,8 @@ def test_a_proxy_command_carries_the_connection_unbuffered(sshd, tmp_path, monke
     relay = "bash -c 'exec 3<>/dev/tcp/%h/%p; cat <&3 & exec cat >&3'"
     config = tmp_path / "ssh_config"
     config.write_text(f"Host via-proxy\n  HostName 127.0.0.1\n  ProxyCommand {relay}\n  User {sshd.user}\n"
-                      f"  Port {sshd.port}\n  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {sshd.known_hosts}\n")
+                      f"  Port {sshd.port}\n  IdentityFile {sshd.client_key}\n"
+                      f"  UserKnownHostsFile {sshd.known_hosts}\n")
     monkeypatch.setenv("HARNESS_SSH_CONFIG", str(config))
     transport = connect(HostSpec(name="via-proxy"))
     try:
