@@ -32,7 +32,7 @@ READ_AHEAD = 1 << 18
 
 
 class ReadAhead:
-    """`sock` (a socket, or the channel of a jump host), its reads served from pieces of `size` bytes."""
+    """`sock`, a connected socket, its reads served from pieces of `size` bytes."""
 
     def __init__(self, sock: Any, size: int = READ_AHEAD):
         self._sock, self._size = sock, size

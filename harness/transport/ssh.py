@@ -1,8 +1,8 @@
 """The SSH transport: one verified connection per object, commands on raw exec channels.
 
 Built on fabric's `Connection` for what it does well (reading ~/.ssh/config: HostName, Port, User,
-IdentityFile, ProxyJump, ProxyCommand; gateways) and on paramiko channels for the rest, because the traps are in
-the layers between (docs/reliability.md):
+IdentityFile, ProxyJump, ProxyCommand; gateways) and on paramiko channels for the rest, because the
+traps are in the layers between (docs/reliability.md):
 
 - fabric accepts any host key (fabric #2071): each client loads the known_hosts file and rejects
   unknown keys with the command that pins them; a changed key is refused and never retried.
