@@ -138,7 +138,7 @@ def main() -> int:
             ours.append(collected / MB / seconds)
             theirs.append(scp_bytes / MB / min(scps))
             ratios.append(ours[-1] / theirs[-1])
-            firsts.append(ours[-1] * scps[0] * MB / scp_bytes)
+            firsts.append(ours[-1] / (scp_bytes / MB / scps[0]))
             print(f"round {round_no + 1}: collect {collected / MB:.1f} MB in {seconds:.2f} s = {ours[-1]:.1f} MB/s; "
                   f"scp -r {scp_bytes / MB:.1f} MB in {min(scps):.2f} s = {theirs[-1]:.1f} MB/s (fastest of "
                   f"{', '.join(f'{s:.2f}' for s in scps)} s); ratio {ratios[-1]:.2f}x, to the first scp "

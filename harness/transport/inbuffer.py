@@ -21,6 +21,7 @@ waits on).
 from __future__ import annotations
 
 import collections
+import socket
 import threading
 import time
 from typing import Any
@@ -34,7 +35,7 @@ READ_AHEAD = 1 << 18
 class ReadAhead:
     """`sock`, a connected socket, its reads served from pieces of `size` bytes."""
 
-    def __init__(self, sock: Any, size: int = READ_AHEAD):
+    def __init__(self, sock: socket.socket, size: int = READ_AHEAD):
         self._sock, self._size = sock, size
         self._buf = b""
         self._pos = 0

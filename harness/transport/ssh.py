@@ -164,8 +164,10 @@ class SSHTransport(ProcessTransport):
         the compressor only takes CPU from the decryption (benchmarks/README.md, pull speed). A host
         behind a jump host or a ProxyCommand (whose peer paramiko calls "unknown") is over a link."""
         peer = self._session().getpeername()[0]
+        if len(self._hops) > 1:
+            return True
         try:
-            return len(self._hops) > 1 or not ipaddress.ip_address(peer).is_loopback
+            return not ipaddress.ip_address(peer).is_loopback
         except ValueError:
             return True
 

@@ -516,11 +516,17 @@ def test_workers_pull_at_once_each_on_its_own_connection(sshd, tmp_path):
     assert [getattr(results.get(i), "sha256", results.get(i)) for i in range(6)] == [{"trace.json": digest}] * 6
 
 
+def use_ssh_config(monkeypatch, path: Path, sshd: Sshd, name: str, *extra: str) -> None:
+    """An ssh config whose Host `name` is the test sshd (address, port, user, key, known hosts), with
+    `extra` lines, made the harness's own (HARNESS_SSH_CONFIG)."""
+    lines = ["HostName 127.0.0.1", f"Port {sshd.port}", f"User {sshd.user}", f"IdentityFile {sshd.client_key}",
+             f"UserKnownHostsFile {sshd.known_hosts}", *extra]
+    path.write_text(f"Host {name}\n" + "".join(f"  {line}\n" for line in lines))
+    monkeypatch.setenv("HARNESS_SSH_CONFIG", str(path))
+
+
 def test_ssh_config_supplies_address_port_user_key_and_known_hosts(sshd, tmp_path, monkeypatch):
-    config = tmp_path / "ssh_config"
-    config.write_text(f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
-                      f"  IdentityFile {sshd.client_key}\n  UserKnownHostsFile {sshd.known_hosts}\n")
-    monkeypatch.setenv("HARNESS_SSH_CONFIG", str(config))
+    use_ssh_config(monkeypatch, tmp_path / "ssh_config", sshd, "gpu-alias")
     transport = connect(HostSpec(name="gpu-alias"))
     assert transport.run("echo via config", timeout=10).stdout == "via config\n"
     transport.close()
@@ -557,11 +563,7 @@ def test_a_proxy_command_carries_the_connection_unbuffered(sshd, tmp_path, monke
     """ssh config's ProxyCommand (here bash's /dev/tcp relay): its `recv` waits for all it is asked,
     so it is not read ahead, and commands and pulls go through it whole."""
     relay = "bash -c 'exec 3<>/dev/tcp/%h/%p; cat <&3 & exec cat >&3'"
-    config = tmp_path / "ssh_config"
-    config.write_text(f"Host via-proxy\n  HostName 127.0.0.1\n  ProxyCommand {relay}\n  User {sshd.user}\n"
-                      f"  Port {sshd.port}\n  IdentityFile {sshd.client_key}\n"
-                      f"  UserKnownHostsFile {sshd.known_hosts}\n")
-    monkeypatch.setenv("HARNESS_SSH_CONFIG", str(config))
+    use_ssh_config(monkeypatch, tmp_path / "ssh_config", sshd, "via-proxy", f"ProxyCommand {relay}")
     transport = connect(HostSpec(name="via-proxy"))
     try:
         assert transport.run("echo proxied", timeout=10).stdout == "proxied\n"
