@@ -185,6 +185,14 @@ class Engine:
                 and f.split("=")[0] not in known]
 
 
+def version_command(distribution: str, module: str) -> str:
+    """Print the engine's version from its installed metadata, without importing it: importing vLLM or
+    SGLang takes seconds of a host's first preflight, where the probe imports it already. An engine
+    installed without metadata (a source tree on PYTHONPATH) is asked for its `__version__`."""
+    return (f"python -c 'import importlib.metadata as m; print(m.version(\"{distribution}\"))' 2>/dev/null "
+            f"|| python -c 'import {module}; print({module}.__version__)'")
+
+
 def arg(args: Mapping[str, Any], *names: str, default: int = 1) -> int:
     """An integer flag given under any of its names (`tp-size`, `--tp-size`, `-tp`), else `default`."""
     for name in names:

@@ -17,7 +17,6 @@ from harness.render import flag_pairs
 
 NO_VENV = "__harness_no_venv__"
 NO_NSYS = "__harness_no_nsys__"
-MODULE_CACHED = "__harness_module_ok__"
 SEP = "__harness_help__"
 
 
@@ -29,10 +28,10 @@ def preflight(ctx: RunContext) -> dict:
     # seconds each, every run.
     cache_dir = f"{ctx.host.workdir.rstrip('/')}/{ctx.sweep.sweep_id}/.host"
     cache = q(cache_dir)
-    module = (f"$([ -f {cache}/module.ok ] && echo {MODULE_CACHED} >&2 || echo {q(engine.module)})"
-              if engine.module else "")
+    # The probe marks the host once the engine imports (--imported); later runs ask for no import.
+    module = f"$([ -f {cache}/module.ok ] || echo {q(engine.module)})" if engine.module else ""
     probe = ctx.agent_command("probe", "--port", ctx.rendered.port, "--bind", ctx.server_address,
-                              "--dir", paths.root) + f' "--module={module}"'
+                              "--dir", paths.root, "--imported", f"{cache_dir}/module.ok") + f' "--module={module}"'
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
     # The flag listing and the facts run beside the probe: on a GPU host each imports the engine or asks
@@ -62,8 +61,6 @@ def preflight(ctx: RunContext) -> dict:
     except (IndexError, json.JSONDecodeError):
         raise ctx.fail("preflight", f"the venv python {ctx.python} on {ctx.host.name} could not run the "
                        "harness agent", output=(probe_text + result.stderr)[-8000:]) from None
-    if probe["module_ok"] and engine.module and MODULE_CACHED not in result.stderr:
-        ctx.sh(f"touch {cache}/module.ok", timeout=30, check=False)
     if not probe["module_ok"]:
         raise ctx.fail("preflight", f"the venv {ctx.venv} on {ctx.host.name} cannot import "
                        f"{engine.module!r} ({probe.get('module_error')}): install it in that venv, or "

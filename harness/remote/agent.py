@@ -3,7 +3,8 @@
 Each subcommand does one lifecycle step locally on the host, where polling is cheap, and prints one JSON
 object on stdout, so the orchestrator needs one SSH command per step instead of one per poll:
 
-    probe    --module M --port P --bind H --dir D    python, engine import, port holder, disk, GPUs
+    probe    --module M [--imported F] --port P --bind H --dir D
+                                             python, engine import, port holder, disk, GPUs
     wait     --url U --pid-file F --timeout S         health: healthy | died | timeout (+ log tail)
     profile  --spec JSON --url U --dir D ...         start the engine's profiler, keep traffic
                                                       flowing, await every rank's trace file
@@ -233,6 +234,8 @@ def cmd_probe(a) -> int:
         r = subprocess.run([sys.executable, "-c", f"import {a.module}"], capture_output=True, text=True,
                            timeout=300)
         out["module_ok"] = r.returncode == 0
+        if not r.returncode and a.imported:
+            open(a.imported, "a").close()
         if r.returncode:
             lines = r.stderr.strip().splitlines()
             out["module_error"] = lines[-1] if lines else f"exit {r.returncode}"
@@ -611,6 +614,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("probe")
     pr.add_argument("--module", default="", help="a module the engine needs; empty: no check")
+    pr.add_argument("--imported", default="", help="a file made once --module imports (the host's later "
+                    "runs skip the import)")
     pr.add_argument("--port", type=int, required=True)
     pr.add_argument("--bind", default="127.0.0.1")
     pr.add_argument("--dir", required=True)

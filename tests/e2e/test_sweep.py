@@ -172,6 +172,8 @@ def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inve
     m = manifests(tmp_path / "r")["one-1"]
     assert run.returncode == 0 and m["status"] == "ok", (m.get("error"), run.stderr[-2000:])
     assert m["facts"]["kernel"] and m["facts"]["python"]
+    # the probe marked the host once the engine imported: the host's later runs skip the import
+    assert len(list((tmp_path / "remote-work").glob("*/.host/module.ok"))) == 1
 
 
 def test_a_server_that_runs_out_of_memory_fails_fast_as_oom_with_its_log(tmp_path, ssh_inventory):

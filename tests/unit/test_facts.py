@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from harness.engines.base import version_command
 from harness.facts import Fact, collect_script, parse_facts
 
 
@@ -50,3 +55,23 @@ def test_the_snippet_returns_only_once_every_fact_is_written(tmp_path):
     run(collect_script([slow, Fact("quick", "echo quick")], str(tmp_path)) + f"; cat {tmp_path}/slow.txt > "
         f"{tmp_path}/seen")
     assert Path(tmp_path / "seen").read_text() == "finished\n"
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_engine_version_comes_from_its_metadata_and_the_import_only_without(tmp_path, installed):
+    """Importing a real engine for its version takes seconds beside the probe's own import; an engine
+    installed with metadata is not imported, one on a bare path is (its __version__)."""
+    package = tmp_path / "fakeengine"
+    package.mkdir()
+    (package / "__init__.py").write_text("import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n"
+                                         "__version__ = '2.0-from-import'\n")
+    if installed:
+        info = tmp_path / "fakeengine-1.2.3.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeengine\nVersion: 1.2.3\n")
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(["bash", "-c", version_command("fakeengine", "fakeengine")], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("1.2.3" if installed else "2.0-from-import")
+    assert (package / "imported").exists() is not installed
