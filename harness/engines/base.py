@@ -150,6 +150,14 @@ class Engine:
     rendezvous_port: int = 29500   # where node 0 waits for the other nodes of a multi-node server
     node_flags: tuple[str, ...] = ()   # the flags `node_args` writes (and their aliases): the playbook's go
 
+    @staticmethod
+    def version_from(distribution: str, module: str) -> str:
+        """Print the engine's version from its installed metadata, without importing it: importing vLLM
+        or SGLang takes seconds of a host's first preflight, where the probe imports it already. An
+        engine installed without metadata (a source tree on PYTHONPATH) is asked for its `__version__`."""
+        return (f"python -c 'import importlib.metadata as m; print(m.version(\"{distribution}\"))' 2>/dev/null "
+                f"|| python -c 'import {module}; print({module}.__version__)'")
+
     @property
     def speaks(self) -> str:
         return self.protocol or self.name
@@ -183,14 +191,6 @@ class Engine:
         known = set(self.known_flags(help_text))
         return [f for f in flags if f not in known and f.split(".")[0] not in known
                 and f.split("=")[0] not in known]
-
-
-def version_command(distribution: str, module: str) -> str:
-    """Print the engine's version from its installed metadata, without importing it: importing vLLM or
-    SGLang takes seconds of a host's first preflight, where the probe imports it already. An engine
-    installed without metadata (a source tree on PYTHONPATH) is asked for its `__version__`."""
-    return (f"python -c 'import importlib.metadata as m; print(m.version(\"{distribution}\"))' 2>/dev/null "
-            f"|| python -c 'import {module}; print({module}.__version__)'")
 
 
 def arg(args: Mapping[str, Any], *names: str, default: int = 1) -> int:

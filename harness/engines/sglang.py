@@ -35,17 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engines.base import (
-    CaptureSettings,
-    Engine,
-    Metric,
-    NodeInfo,
-    StepSpans,
-    TraceNaming,
-    arg,
-    register,
-    version_command,
-)
+from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, register
 
 NAMING = TraceNaming(glob="*.trace.json.gz", rank=r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?",
                      not_ranks=r"^merged-", prefer=r"-DECODE\.")
@@ -111,7 +101,7 @@ class SGLang(Engine):
 ENGINE = register(SGLang(
     name="sglang", launcher="python -m sglang.launch_server", module="sglang", default_port=30000,
     template="sglang.sh.j2", help_command="python -m sglang.launch_server --help",
-    version_command=version_command("sglang", "sglang"),
+    version_command=Engine.version_from("sglang", "sglang"),
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
     env_prefixes=("SGLANG_",), metrics=METRICS,
     metrics_hint="SGLang serves /metrics only with --enable-metrics: add `enable-metrics: true` to server.args",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache
 
-from harness.engines.base import Engine, get_engine, register, version_command
+from harness.engines.base import Engine, get_engine, register
 
 DEFAULT = "sglang"   # the engine of the campaign the demo retells (GLM-5 on SGLang)
 
@@ -19,7 +19,7 @@ def imitating(flavor: str | None) -> Engine:
     return replace(real, name="sim", protocol=real.name, launcher=f"python -m harness.sim {flavor}",
                    module="harness.sim", template="sim.sh.j2",
                    help_command=f"python -m harness.sim {flavor} --help",
-                   version_command=version_command("harness", "harness"))
+                   version_command=Engine.version_from("harness", "harness"))
 
 
 register(imitating, name="sim")

@@ -41,17 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.engines.base import (
-    CaptureSettings,
-    Engine,
-    Metric,
-    NodeInfo,
-    StepSpans,
-    TraceNaming,
-    arg,
-    register,
-    version_command,
-)
+from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, register
 
 NAMING = TraceNaming(glob="*.pt.trace.json.gz", rank=r"(?:^|_)rank(\d+)\.", not_ranks=r"\.async_llm\.")
 STEPS = StepSpans(prefix="execute_context_", stages=(
@@ -107,7 +97,7 @@ class VLLM(Engine):
 ENGINE = register(VLLM(
     name="vllm", launcher="vllm serve", module="vllm", default_port=8000, template="vllm.sh.j2",
     help_command="vllm serve --help=all",
-    version_command=version_command("vllm", "vllm"),
+    version_command=Engine.version_from("vllm", "vllm"),
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
     env_prefixes=("VLLM_",), metrics=METRICS, rendezvous_port=29501,
     node_flags=("nnodes", "n", "node-rank", "r", "master-addr", "master-port", "headless"),
