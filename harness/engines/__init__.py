@@ -41,7 +41,7 @@ def engine_for(playbook: Any) -> Engine:
     module = server.module if server.module is not None else engine.module
     version = engine.version_command
     if module and engine.version_command == "true":   # no version of its own: ask the module
-        version = f"python -c 'import {module}; print({module}.__version__)'"
+        version = Engine.version_from(module)
     return replace(engine, module=module,
                    help_command=server.help_command if server.help_command is not None else engine.help_command,
                    version_command=version)

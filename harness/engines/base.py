@@ -151,12 +151,16 @@ class Engine:
     node_flags: tuple[str, ...] = ()   # the flags `node_args` writes (and their aliases): the playbook's go
 
     @staticmethod
-    def version_from(distribution: str, module: str) -> str:
+    def version_from(module: str, distribution: str = "") -> str:
         """Print the engine's version from its installed metadata, without importing it: importing vLLM
         or SGLang takes seconds of a host's first preflight, where the probe imports it already. An
-        engine installed without metadata (a source tree on PYTHONPATH) is asked for its `__version__`."""
-        return (f"python -c 'import importlib.metadata as m; print(m.version(\"{distribution}\"))' 2>/dev/null "
-                f"|| python -c 'import {module}; print({module}.__version__)'")
+        engine installed without metadata (a source tree on PYTHONPATH), or with no distribution
+        named, is asked for its `__version__`."""
+        imported = f"python -c 'import {module}; print({module}.__version__)'"
+        if not distribution:
+            return imported
+        from_metadata = f"python -c 'import importlib.metadata as m; print(m.version(\"{distribution}\"))'"
+        return f"{from_metadata} 2>/dev/null || {imported}"
 
     @property
     def speaks(self) -> str:

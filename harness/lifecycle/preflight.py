@@ -29,9 +29,10 @@ def preflight(ctx: RunContext) -> dict:
     cache_dir = f"{ctx.host.workdir.rstrip('/')}/{ctx.sweep.sweep_id}/.host"
     cache = q(cache_dir)
     # The probe marks the host once the engine imports (--imported); later runs ask for no import.
-    module = f"$([ -f {cache}/module.ok ] || echo {q(engine.module)})" if engine.module else ""
+    imported = f"{cache_dir}/module.ok"
+    module = f"$([ -f {q(imported)} ] || echo {q(engine.module)})" if engine.module else ""
     probe = ctx.agent_command("probe", "--port", ctx.rendered.port, "--bind", ctx.server_address,
-                              "--dir", paths.root, "--imported", f"{cache_dir}/module.ok") + f' "--module={module}"'
+                              "--dir", paths.root, "--imported", imported) + f' "--module={module}"'
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
     # The flag listing and the facts run beside the probe: on a GPU host each imports the engine or asks

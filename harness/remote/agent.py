@@ -234,11 +234,11 @@ def cmd_probe(a) -> int:
         r = subprocess.run([sys.executable, "-c", f"import {a.module}"], capture_output=True, text=True,
                            timeout=300)
         out["module_ok"] = r.returncode == 0
-        if not r.returncode and a.imported:
-            open(a.imported, "a").close()
         if r.returncode:
             lines = r.stderr.strip().splitlines()
             out["module_error"] = lines[-1] if lines else f"exit {r.returncode}"
+        elif a.imported:
+            open(a.imported, "a").close()
     out["port_free"] = not port_open(a.bind, a.port) and not port_listeners(a.port)
     if not out["port_free"]:
         out["port_holders"] = port_listeners(a.port)

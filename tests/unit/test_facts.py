@@ -70,8 +70,8 @@ def test_the_engine_version_comes_from_its_metadata_and_the_import_only_without(
         info.mkdir()
         (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeengine\nVersion: 1.2.3\n")
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run(["bash", "-c", Engine.version_from("fakeengine", "fakeengine")], capture_output=True,
-                          text=True, env=env, timeout=60)
+    command = Engine.version_from("fakeengine", distribution="fakeengine")
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ("1.2.3" if installed else "2.0-from-import")
     assert (package / "imported").exists() is not installed

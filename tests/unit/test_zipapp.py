@@ -74,7 +74,6 @@ def test_a_bare_python_in_a_clean_folder_answers_agent_probe(pyz, tmp_path):
     assert list(clean.iterdir()) == []   # it wrote nothing beside itself
 
 
-
 @pytest.mark.parametrize(("module", "marked"), [("json", True), ("no_such_engine_module", False)])
 def test_the_probe_marks_the_host_only_when_the_engine_imports(pyz, tmp_path, module, marked):
     mark = tmp_path / "cache" / "module.ok"
@@ -86,6 +85,7 @@ def test_the_probe_marks_the_host_only_when_the_engine_imports(pyz, tmp_path, mo
     assert probe["module_ok"] is marked and mark.exists() is marked
     if not marked:
         assert "no_such_engine_module" in probe["module_error"]
+
 
 def test_every_tool_is_reached_through_main(pyz, tmp_path):
     # the client against a port where nothing listens: a failed run (exit 3) with its own message
