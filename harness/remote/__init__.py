@@ -30,6 +30,7 @@ SHIPPED = ("__main__.py", "agent.py", "bench.py", "exchange.py", "exposition.py"
            "names.py", "stats.py", "telemetry.py", "torchprof.py", "workload.py")
 DEFAULT_WORKDIR = "~/.cache/harness"
 _OK, _FOREIGN, _OPEN = "__harness_workdir__", "__harness_workdir_foreign__", "__harness_workdir_open__"
+_SUM = "__harness_sha256__:"
 _EPOCH = (1980, 1, 1, 0, 0, 0)   # the earliest time a zip entry can carry: one for every entry
 _INIT = b'"""The tools of the harness on a GPU host (agent, bench, telemetry, torchprof), shipped as one zipapp."""\n'
 _MAIN = f"import sys\n\nfrom {PACKAGE}.__main__ import main\n\nsys.exit(main())\n".encode()
@@ -55,8 +56,12 @@ def zipapp() -> bytes:
 
 
 def remote_dir(workdir: str) -> str:
-    digest = hashlib.sha256(zipapp()).hexdigest()[:12]
-    return f"{workdir.rstrip('/')}/.harness/{harness.__version__}-{digest}"
+    return f"{workdir.rstrip('/')}/{_tools_subdir()}"
+
+
+def _tools_subdir() -> str:
+    """Where the tools live under a workdir: named by this harness's version and the zipapp's sha256."""
+    return f".harness/{harness.__version__}-{hashlib.sha256(zipapp()).hexdigest()[:12]}"
 
 
 def tool_words(tools_dir: str, tool: str, *args: str | int | float) -> str:
@@ -86,39 +91,59 @@ class Installed:
 def private_workdir(transport, workdir: str, *, host: str) -> str:
     """The workdir as an absolute path, created 0700 when missing; refused when someone else owns it or
     others may write in it."""
-    return _private(transport, workdir, host=host)[0]
+    return _private(workdir, host=host, out=transport.run(_private_script(workdir), timeout=60).stdout)[0]
 
 
-def _private(transport, workdir: str, *, host: str) -> tuple[str, str]:
+def _private_script(workdir: str, then: str = "") -> str:
+    """Check (or make) the workdir; in it `$d` is the workdir's absolute path, and `then` runs only when
+    it is ours and private."""
     d = shell_path(workdir)
-    command = (f'mkdir -p -m 700 {d} && d=$(cd {d} && pwd -P) && owner=$(stat -c %u "$d") && '
-               f'mode=$(stat -c %a "$d") && if [ "$owner" != "$(id -u)" ]; then '
-               f'echo {_FOREIGN} "$(stat -c %U "$d")" "$d"; elif [ $((0$mode & 022)) -ne 0 ]; then '
-               f'echo {_OPEN} "$mode" "$d"; else printf "home:%s\\n" "$HOME"; echo {_OK} "$d"; fi')
-    out = transport.run(command, timeout=60).stdout.strip().splitlines()
-    words = out[-1].split(" ", 2) if out else []
-    if words[:1] == [_OK] and len(words) == 2 and len(out) >= 2 and out[-2].startswith("home:"):
-        return words[1], out[-2].removeprefix("home:")   # "" when the host's environment has no HOME
-    if words[:1] == [_FOREIGN]:
+    return (f'mkdir -p -m 700 {d} && d=$(cd {d} && pwd -P) && owner=$(stat -c %u "$d") && '
+            f'mode=$(stat -c %a "$d") && if [ "$owner" != "$(id -u)" ]; then '
+            f'echo {_FOREIGN} "$(stat -c %U "$d")" "$d"; elif [ $((0$mode & 022)) -ne 0 ]; then '
+            f'echo {_OPEN} "$mode" "$d"; else printf "home:%s\\n" "$HOME"; echo {_OK} "$d"; {then or "true"}; fi')
+
+
+def _private(workdir: str, *, host: str, out: str) -> tuple[str, str]:
+    """The absolute workdir and the home that `_private_script` printed, or the reason it is refused."""
+    lines = out.strip().splitlines()
+    ok = next((i for i, line in enumerate(lines) if line.startswith(_OK + " ")), None)
+    if ok is not None and ok >= 1 and lines[ok - 1].startswith("home:"):
+        return lines[ok].split(" ", 1)[1], lines[ok - 1].removeprefix("home:")   # "" without HOME
+    words = lines[-1].split(" ", 2) if lines else []
+    if words[:1] == [_FOREIGN] and len(words) == 3:
         raise RemoteError(f"the workdir {words[2]} belongs to {words[1]}, not to the SSH user: anyone who "
                           "owns it could replace the harness's agent. Choose a workdir of your own "
                           f"(`workdir:` in the inventory; default {DEFAULT_WORKDIR})", host=host, kind="preflight")
-    if words[:1] == [_OPEN]:
+    if words[:1] == [_OPEN] and len(words) == 3:
         raise RemoteError(f"the workdir {words[2]} is writable by others (mode {words[1]}): they could "
                           f"replace the harness's agent. Make it private: chmod 700 {shlex.quote(words[2])}",
                           host=host, kind="preflight")
     raise RemoteError(f"could not make or check the workdir {workdir}", host=host, kind="preflight",
-                      output="\n".join(out))
+                      output="\n".join(lines))
 
 
 def install(transport, workdir: str, *, host: str = "") -> Installed:
-    """Make sure of the workdir, upload the zipapp under it and check what landed."""
-    workdir, home = _private(transport, workdir, host=host)
-    where = remote_dir(workdir)
+    """Make sure of the workdir, upload the zipapp under it and check what landed, in one command.
+
+    The zipapp comes on stdin into a 0600 temporary file beside its place, which it takes only when
+    its sha256 on the host is the one sent; the host's sha256 is checked here too. Whatever stdin a
+    refused workdir leaves unread is drained, so the command ends the same way on every host."""
     data = zipapp()
-    transport.put(data, f"{where}/{ZIPAPP}")
-    landed = transport.run(f"sha256sum -- {shlex.quote(f'{where}/{ZIPAPP}')}", timeout=60).stdout.split()
-    if landed[:1] != [hashlib.sha256(data).hexdigest()]:
+    digest = hashlib.sha256(data).hexdigest()
+    # The sum is printed once the file is in its place, or when it differs (and the file is dropped).
+    upload = (f'w="$d"/{shlex.quote(_tools_subdir())} && t="$w/{ZIPAPP}.tmp-$$" && mkdir -p "$w" && '
+              f'(umask 077 && cat > "$t") && chmod 644 "$t" && s=$(sha256sum < "$t") && s=${{s%% *}} && '
+              f'if [ "$s" = {digest} ]; then mv -f "$t" "$w"/{ZIPAPP} && echo "{_SUM}$s"; '
+              f'else rm -f "$t"; echo "{_SUM}$s"; fi')
+    out = transport.run(f"{{ {_private_script(workdir, upload)}; }}; cat > /dev/null", stdin=data,
+                        timeout=60 + len(data) / 1e6).stdout
+    workdir, home = _private(workdir, host=host, out=out)
+    where = remote_dir(workdir)
+    landed = [line.removeprefix(_SUM) for line in out.splitlines() if line.startswith(_SUM)]
+    if landed != [digest]:
         raise RemoteError(f"the uploaded {ZIPAPP} in {where} differs from what was sent: something on the "
-                          "host changed it; refusing to run it", host=host, kind="preflight")
+                          "host changed it; refusing to run it" if landed else
+                          f"could not write {ZIPAPP} into {where} (a full disk, or a read-only one?)",
+                          host=host, kind="preflight", output=out[-2000:])
     return Installed(workdir, where, home)

@@ -173,18 +173,40 @@ def test_the_statistics_need_no_client():
 
 
 class Tampering(LocalTransport):
-    """A host where something rewrites a file as it lands."""
+    """A host where something changes what it is sent on its way in."""
 
-    def put(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
-        super().put(data[:-1] + bytes([data[-1] ^ 1]), remote_path, mode=mode)
+    def run(self, command: str, *, timeout: float, check: bool = True, stdin: bytes | None = None):
+        if stdin:
+            stdin = stdin[:-1] + bytes([stdin[-1] ^ 1])
+        return super().run(command, timeout=timeout, check=check, stdin=stdin)
 
 
-def test_install_uploads_one_file_and_refuses_one_that_changed_on_the_way(tmp_path):
+def test_install_uploads_one_file_in_one_command_and_refuses_one_that_changed_on_the_way(tmp_path):
     work = tmp_path / "work"
-    installed = install(LocalTransport(HostSpec("h", transport="local")), str(work), host="h")
-    assert installed.tools == remote_dir(str(work))
+    commands = []
+
+    class Counting(LocalTransport):
+        def run(self, command, **kwargs):
+            commands.append(command)
+            return super().run(command, **kwargs)
+
+    installed = install(Counting(HostSpec("h", transport="local")), str(work), host="h")
+    assert len(commands) == 1   # the workdir's check, the upload and its sha256: one round trip
+    assert installed.tools == remote_dir(str(work.resolve()))
     assert sorted(p.name for p in Path(installed.tools).iterdir()) == [ZIPAPP]
     assert (Path(installed.tools) / ZIPAPP).read_bytes() == zipapp()
     with pytest.raises(RemoteError, match=f"the uploaded {ZIPAPP} in .* differs from what was sent") as e:
         install(Tampering(HostSpec("h", transport="local")), str(work), host="h")
+    assert (e.value.host, e.value.kind) == ("h", "preflight")
+    # the host itself kept the changed bytes out of the tools' place: what landed before stays, alone
+    assert sorted(p.name for p in Path(installed.tools).iterdir()) == [ZIPAPP]
+    assert (Path(installed.tools) / ZIPAPP).read_bytes() == zipapp()
+
+
+def test_install_says_when_the_zipapp_cannot_be_written(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    (work / ".harness").write_text("a file where the tools' folder goes")
+    with pytest.raises(RemoteError, match=f"could not write {ZIPAPP} into .*/.harness/") as e:
+        install(LocalTransport(HostSpec("h", transport="local")), str(work), host="h")
     assert (e.value.host, e.value.kind) == ("h", "preflight")
