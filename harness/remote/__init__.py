@@ -123,19 +123,27 @@ def _private(workdir: str, *, host: str, out: str) -> tuple[str, str]:
                       output="\n".join(lines))
 
 
+TOOLS_KEPT_DAYS = 30
+"""Tools of other harness versions are removed from a host once unused this long: each install of a
+version renews its folder's time (the zipapp is moved into it), so a sweep still running keeps its own."""
+_PRUNE = (f'find "$d/.harness" -mindepth 1 -maxdepth 1 -type d -mtime +{TOOLS_KEPT_DAYS} '
+          '-exec rm -rf {} + 2>/dev/null; true')
+
+
 def install(transport, workdir: str, *, host: str = "") -> Installed:
     """Make sure of the workdir, upload the zipapp under it and check what landed, in one command.
 
     The zipapp comes on stdin into a 0600 temporary file beside its place, which it takes only when
     its sha256 on the host is the one sent; the host's sha256 is checked here too. Whatever stdin a
-    refused workdir leaves unread is drained, so the command ends the same way on every host."""
+    refused workdir leaves unread is drained, so the command ends the same way on every host. Tools
+    that no install has renewed for TOOLS_KEPT_DAYS are removed on the way."""
     data = zipapp()
     digest = hashlib.sha256(data).hexdigest()
     # The sum is printed once the file is in its place, or when it differs (and the file is dropped).
     upload = (f'w="$d"/{shlex.quote(_tools_subdir())} && t="$w/{ZIPAPP}.tmp-$$" && mkdir -p "$w" && '
               f'(umask 077 && cat > "$t") && chmod 644 "$t" && s=$(sha256sum < "$t") && s=${{s%% *}} && '
               f'if [ "$s" = {digest} ]; then mv -f "$t" "$w"/{ZIPAPP} && echo "{_SUM}$s"; '
-              f'else rm -f "$t"; echo "{_SUM}$s"; fi')
+              f'else rm -f "$t"; echo "{_SUM}$s"; fi; {_PRUNE}')
     out = transport.run(f"{{ {_private_script(workdir, upload)}; }}; cat > /dev/null", stdin=data,
                         timeout=60 + len(data) / 1e6).stdout
     workdir, home = _private(workdir, host=host, out=out)

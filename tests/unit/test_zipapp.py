@@ -7,10 +7,12 @@ import ast
 import hashlib
 import io
 import json
+import os
 import shlex
 import socket
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 
 import harness.remote as remote
 from harness.errors import RemoteError
-from harness.remote import PACKAGE, SHIPPED, ZIPAPP, install, remote_dir, tool_command, zipapp
+from harness.remote import PACKAGE, SHIPPED, TOOLS_KEPT_DAYS, ZIPAPP, install, remote_dir, tool_command, zipapp
 from harness.transport.base import HostSpec
 from harness.transport.local import LocalTransport
 
@@ -201,6 +203,24 @@ def test_install_uploads_one_file_in_one_command_and_refuses_one_that_changed_on
     # the host itself kept the changed bytes out of the tools' place: what landed before stays, alone
     assert sorted(p.name for p in Path(installed.tools).iterdir()) == [ZIPAPP]
     assert (Path(installed.tools) / ZIPAPP).read_bytes() == zipapp()
+
+
+def test_install_removes_other_versions_tools_once_unused_for_their_time(tmp_path):
+    work = tmp_path / "work"
+    old, recent = work / ".harness" / "0.0.1-aaaaaaaaaaaa", work / ".harness" / "0.0.2-bbbbbbbbbbbb"
+    for folder in (old, recent):
+        folder.mkdir(parents=True)
+        (folder / ZIPAPP).write_bytes(b"older tools")
+    long_ago = time.time() - (TOOLS_KEPT_DAYS + 2) * 86400
+    os.utime(old, (long_ago, long_ago))
+    os.utime(recent, (time.time() - 86400,) * 2)
+    work.chmod(0o700)
+    installed = install(LocalTransport(HostSpec("h", transport="local")), str(work), host="h")
+    assert sorted(p.name for p in (work / ".harness").iterdir()) == sorted([recent.name, Path(installed.tools).name])
+    # its own folder, however old, is renewed by the install itself
+    os.utime(installed.tools, (long_ago, long_ago))
+    install(LocalTransport(HostSpec("h", transport="local")), str(work), host="h")
+    assert Path(installed.tools, ZIPAPP).read_bytes() == zipapp()
 
 
 def test_install_says_when_the_zipapp_cannot_be_written(tmp_path):
