@@ -238,7 +238,8 @@ def cmd_probe(a) -> int:
             lines = r.stderr.strip().splitlines()
             out["module_error"] = lines[-1] if lines else f"exit {r.returncode}"
         elif a.imported:
-            open(a.imported, "a").close()
+            with contextlib.suppress(OSError):   # only a shortcut: unmarked, the next probe imports again
+                open(a.imported, "a").close()
     out["port_free"] = not port_open(a.bind, a.port) and not port_listeners(a.port)
     if not out["port_free"]:
         out["port_holders"] = port_listeners(a.port)

@@ -89,6 +89,15 @@ def test_the_probe_marks_the_host_only_when_the_engine_imports(pyz, tmp_path, mo
         assert "no_such_engine_module" in probe["module_error"]
 
 
+def test_a_mark_that_cannot_be_written_leaves_the_probe_whole(pyz, tmp_path):
+    """The mark only spares later imports: where it cannot be made, the probe still answers."""
+    mark = tmp_path / "gone" / "module.ok"
+    done = run_isolated(pyz, "agent", "probe", "--module", "json", "--imported", str(mark),
+                        "--port", str(free_port()), "--dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["module_ok"] and not mark.exists()
+
+
 def test_every_tool_is_reached_through_main(pyz, tmp_path):
     # the client against a port where nothing listens: a failed run (exit 3) with its own message
     out = tmp_path / "b" / "bench.json"
