@@ -67,11 +67,11 @@ _HOST_FATAL = frozenset({Kind.HOST_KEY, Kind.AUTH, Kind.PREFLIGHT})
 class HarnessError(Exception):
     kind: Kind = Kind.ERROR
 
-    def __init__(self, message: str, *, kind: Kind | str | None = None):
+    def __init__(self, message: str, *, kind: Kind | None = None):
         super().__init__(message)
         self.message = message
         if kind is not None:
-            self.kind = Kind(kind)   # an unknown name is a bug of ours: it fails here, loudly
+            self.kind = Kind(kind)   # a name from untyped code is checked too: a misspelt one fails here
 
     @property
     def retryable(self) -> bool:
@@ -100,7 +100,7 @@ class RemoteError(HarnessError):
     kind = Kind.ERROR
 
     def __init__(self, message: str, *, host: str | None = None, run_id: str | None = None,
-                 command: str | None = None, output: str = "", kind: Kind | str | None = None):
+                 command: str | None = None, output: str = "", kind: Kind | None = None):
         self.host, self.run_id, self.command, self.output = host, run_id, command, output
         prefix = f"[{host}] " if host else ""
         super().__init__(prefix + message, kind=kind)
@@ -133,7 +133,7 @@ class RemoteTimeout(RemoteError):
 
 class CommandFailed(RemoteError):
     def __init__(self, message: str, *, exit_code: int, host: str | None = None, run_id: str | None = None,
-                 command: str | None = None, output: str = "", kind: Kind | str | None = None):
+                 command: str | None = None, output: str = "", kind: Kind | None = None):
         self.exit_code = exit_code
         super().__init__(message, host=host, run_id=run_id, command=command, output=output, kind=kind)
 

@@ -152,7 +152,7 @@ class RunContext:
                 continue
         raise RunFailed(f"the host agent gave no answer to {what!r} (exit {result.exit_code})",
                         host=self.host.name, run_id=self.run.run_id, command=result.command,
-                        output=result.stderr or result.stdout, kind="preflight")
+                        output=result.stderr or result.stdout, kind=Kind.PREFLIGHT)
 
-    def fail(self, kind: Kind | str, message: str, *, output: str = "") -> RunFailed:
+    def fail(self, kind: Kind, message: str, *, output: str = "") -> RunFailed:
         return RunFailed(message, host=self.host.name, run_id=self.run.run_id, output=output, kind=kind)

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 
 from harness.engines import CaptureSettings
-from harness.errors import RemoteTimeout
+from harness.errors import Kind, RemoteTimeout
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.server import agent_with_key, alive_check, key_words, server_alive, with_key
 from harness.remote import tool_command
@@ -136,17 +136,17 @@ def bench(ctx: RunContext) -> None:
         result = ctx.sh(command, timeout=budget, check=False)
     except RemoteTimeout:
         if not server_alive(ctx):
-            raise ctx.fail("server_died", "the server died during the benchmark") from None
+            raise ctx.fail(Kind.SERVER_DIED, "the server died during the benchmark") from None
         raise
     alive = result.stdout.split()[-1:] == ["alive"]
     if not alive:
-        raise ctx.fail("server_died", "the server died during the benchmark",
+        raise ctx.fail(Kind.SERVER_DIED, "the server died during the benchmark",
                        output=result.stderr or result.stdout)
     said = [line.removeprefix("bench.py: ") for line in result.stderr.splitlines() if line.startswith("bench.py: ")]
     if result.exit_code in (3, 4):   # requests failed: the numbers of this run cannot be believed
-        raise ctx.fail("bench", "requests failed: " + "; ".join(said), output=result.stderr)
+        raise ctx.fail(Kind.BENCH, "requests failed: " + "; ".join(said), output=result.stderr)
     if result.exit_code != 0:
-        raise ctx.fail("bench", f"the benchmark client failed (exit {result.exit_code})",
+        raise ctx.fail(Kind.BENCH, f"the benchmark client failed (exit {result.exit_code})",
                        output=result.stderr or result.stdout)
     ctx.found.bench_stderr = result.stderr[-4000:]
 

@@ -11,6 +11,7 @@ import difflib
 import json
 import shlex
 
+from harness.errors import Kind
 from harness.facts import collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
@@ -51,40 +52,40 @@ def preflight(ctx: RunContext) -> dict:
     result = ctx.sh(command, timeout=600)
     out = result.stdout
     if NO_VENV in out:
-        raise ctx.fail("preflight", f"the venv {ctx.venv} does not exist on {ctx.host.name} (no "
+        raise ctx.fail(Kind.PREFLIGHT, f"the venv {ctx.venv} does not exist on {ctx.host.name} (no "
                        f"{ctx.python}): create it there, or fix `venv:` for this host in the inventory")
     if NO_NSYS in out:
-        raise ctx.fail("preflight", f"profile.mode is nsys but nsys is not on the PATH of {ctx.venv} on "
+        raise ctx.fail(Kind.PREFLIGHT, f"profile.mode is nsys but nsys is not on the PATH of {ctx.venv} on "
                        f"{ctx.host.name}: install Nsight Systems there, or use profile.mode engine")
     probe_text, _, help_text = out.partition(SEP)
     try:
         probe = json.loads(probe_text.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        raise ctx.fail("preflight", f"the venv python {ctx.python} on {ctx.host.name} could not run the "
+        raise ctx.fail(Kind.PREFLIGHT, f"the venv python {ctx.python} on {ctx.host.name} could not run the "
                        "harness agent", output=(probe_text + result.stderr)[-8000:]) from None
     if not probe["module_ok"]:
-        raise ctx.fail("preflight", f"the venv {ctx.venv} on {ctx.host.name} cannot import "
+        raise ctx.fail(Kind.PREFLIGHT, f"the venv {ctx.venv} on {ctx.host.name} cannot import "
                        f"{engine.module!r} ({probe.get('module_error')}): install it in that venv, or "
                        f"point `venv:` at the venv that has it")
     if not probe["port_free"]:
         holders = "; ".join(f"pid {h['pid']}: {h['command']}" for h in probe.get("port_holders", []))
-        raise ctx.fail("preflight", f"port {ctx.rendered.port} on {ctx.host.name} is already in use "
+        raise ctx.fail(Kind.PREFLIGHT, f"port {ctx.rendered.port} on {ctx.host.name} is already in use "
                        f"({holders}); stop that server or choose another server.port")
     busy = (probe.get("gpus") or {}).get("processes") or []
     if busy:
         held = "; ".join(f"pid {p['pid']} {p['name']} ({p['memory_mib']} MiB)" for p in busy)
-        raise ctx.fail("preflight", f"the GPUs of {ctx.host.name} are busy: {held}")
+        raise ctx.fail(Kind.PREFLIGHT, f"the GPUs of {ctx.host.name} are busy: {held}")
     if not engine.help_command:
         return probe
     if "--help" not in help_text:
-        raise ctx.fail("preflight", f"`{engine.help_command}` in {ctx.venv} on {ctx.host.name} listed no "
+        raise ctx.fail(Kind.PREFLIGHT, f"`{engine.help_command}` in {ctx.venv} on {ctx.host.name} listed no "
                        "flags", output=help_text[-2000:])
     unknown = engine.unknown_flags(help_text, sorted({f for f, _ in flag_pairs(ctx.rendered.args)}))
     if unknown:
         known = engine.known_flags(help_text)
         named = "; ".join(f"{flag} (did you mean {near[0]}?)" if (near := difflib.get_close_matches(
             flag, known, n=1, cutoff=0.8)) else flag for flag in unknown)
-        raise ctx.fail("preflight", f"the {engine.name} installed in {ctx.venv} on {ctx.host.name} does not "
+        raise ctx.fail(Kind.PREFLIGHT, f"the {engine.name} installed in {ctx.venv} on {ctx.host.name} does not "
                        f"accept {named}: not in `{engine.help_command}` (a typo, or a flag this version "
                        "renamed or removed)", output=help_text[-2000:])
     return probe

@@ -12,7 +12,7 @@ import re
 import shlex
 import time
 
-from harness.errors import RunFailed
+from harness.errors import Kind, RunFailed
 from harness.lifecycle.context import RunContext
 from harness.results.layout import RunFiles
 from harness.secrets import api_key_env
@@ -53,7 +53,7 @@ def launch(ctx: RunContext) -> int:
     lines = out.strip().splitlines()
     words = lines[-1].split() if lines else []
     if len(words) != 3 or not words[0].isdigit():
-        raise ctx.fail("launch", f"the launch wrapper on {ctx.host.name} wrote no server pid within 5 s "
+        raise ctx.fail(Kind.LAUNCH, f"the launch wrapper on {ctx.host.name} wrote no server pid within 5 s "
                        f"(is {paths.root} writable, and bash and setsid there?)", output=out[-2000:])
     pid = int(words[0])
     ctx.found.server_pid = pid
@@ -97,7 +97,7 @@ def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> dict:
         answer = _wait(ctx, health, max(0.1, min(PEER_CHECK_S, left)))
         if answer["status"] == "healthy":
             return answer | {"seconds": time.monotonic() - start}
-        died = dead_node(ctx, "startup", kind="launch", peers_only=answer["status"] != "died")
+        died = dead_node(ctx, "startup", kind=Kind.LAUNCH, peers_only=answer["status"] != "died")
         if died is not None and (answer["status"] != "died" or died.host != ctx.host.name):
             raise died
         if answer["status"] == "died" or time.monotonic() - start >= timeout:
@@ -119,14 +119,14 @@ def wait_healthy(ctx: RunContext) -> float:
     if answer["status"] == "died":
         code = answer.get("exit_code")
         if OOM.search(log):
-            raise ctx.fail("oom", f"the server ran out of memory while starting (exit {code}): "
+            raise ctx.fail(Kind.OOM, f"the server ran out of memory while starting (exit {code}): "
                            f"{ctx.sweep.engine.oom_hint}", output=log)
         said = answer.get("error_line", "")
-        raise ctx.fail("launch", f"the server exited during startup (exit {code}) after "
+        raise ctx.fail(Kind.LAUNCH, f"the server exited during startup (exit {code}) after "
                        f"{answer['seconds']:.0f} s" + (f": {said}" if said else "")
                        + f" (the log's end below; all of it in {paths.log} on the host, server.log in the run)",
                        output=log)
-    raise ctx.fail("startup_timeout", f"not healthy after {timeout:g} s (last answer from {health}: "
+    raise ctx.fail(Kind.STARTUP_TIMEOUT, f"not healthy after {timeout:g} s (last answer from {health}: "
                    f"{answer.get('last_answer') or 'none'})", output=log)
 
 
@@ -141,7 +141,7 @@ def server_alive(ctx: RunContext) -> bool:
     return "alive" in ctx.sh(alive_check(ctx), timeout=30, check=False).stdout.split()[-1:]
 
 
-def dead_node(ctx: RunContext, during: str, *, kind: str = "server_died", peers_only: bool = False
+def dead_node(ctx: RunContext, during: str, *, kind: Kind = Kind.SERVER_DIED, peers_only: bool = False
               ) -> RunFailed | None:
     """The failure of a server on several hosts when any node's server is gone, naming the node that
     went first (by the time its wrapper wrote its exit code; a wrapper killed outright wrote none and

@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 
 import harness
-from harness.errors import RemoteError
+from harness.errors import Kind, RemoteError
 from harness.transport.base import shell_path
 
 ZIPAPP = "harness.pyz"
@@ -114,12 +114,12 @@ def _private(workdir: str, *, host: str, out: str) -> tuple[str, str]:
     if words[:1] == [_FOREIGN] and len(words) == 3:
         raise RemoteError(f"the workdir {words[2]} belongs to {words[1]}, not to the SSH user: anyone who "
                           "owns it could replace the harness's agent. Choose a workdir of your own "
-                          f"(`workdir:` in the inventory; default {DEFAULT_WORKDIR})", host=host, kind="preflight")
+                          f"(`workdir:` in the inventory; default {DEFAULT_WORKDIR})", host=host, kind=Kind.PREFLIGHT)
     if words[:1] == [_OPEN] and len(words) == 3:
         raise RemoteError(f"the workdir {words[2]} is writable by others (mode {words[1]}): they could "
                           f"replace the harness's agent. Make it private: chmod 700 {shlex.quote(words[2])}",
-                          host=host, kind="preflight")
-    raise RemoteError(f"could not make or check the workdir {workdir}", host=host, kind="preflight",
+                          host=host, kind=Kind.PREFLIGHT)
+    raise RemoteError(f"could not make or check the workdir {workdir}", host=host, kind=Kind.PREFLIGHT,
                       output="\n".join(lines))
 
 
@@ -153,5 +153,5 @@ def install(transport, workdir: str, *, host: str = "") -> Installed:
         raise RemoteError(f"the uploaded {ZIPAPP} in {where} differs from what was sent: something on the "
                           "host changed it; refusing to run it" if landed else
                           f"could not write {ZIPAPP} into {where} (a full disk, or a read-only one?)",
-                          host=host, kind="preflight", output=out[-2000:])
+                          host=host, kind=Kind.PREFLIGHT, output=out[-2000:])
     return Installed(workdir, where, home)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from harness.errors import CommandFailed, RemoteError, RemoteTimeout
+from harness.errors import CommandFailed, Kind, RemoteError, RemoteTimeout
 from harness.transport import tarpull
 from harness.transport.base import HostSpec, Pulled, Result, Tail, output_tail, text
 
@@ -101,11 +101,11 @@ class ProcessTransport:
                 if code != 0:
                     raise CommandFailed(f"pulling {remote_dir} failed (exit {code})", exit_code=code,
                                         host=self.host.name, command=command,
-                                        output=text(proc.stderr()), kind="collect") from broken
+                                        output=text(proc.stderr()), kind=Kind.COLLECT) from broken
                 if broken:
                     raise RemoteError(f"pulling {remote_dir}: not a valid tar stream ({broken})",
                                       host=self.host.name, command=command,
-                                      output=text(proc.stderr()), kind="collect") from broken
+                                      output=text(proc.stderr()), kind=Kind.COLLECT) from broken
                 return staging.commit()
         except TimeoutError:
             stderr = self._abandon(proc)
