@@ -28,6 +28,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 out = Console()
 err = Console(stderr=True)
 
+
+def _say(line: str) -> None:
+    """A line of the harness's own on stderr, as it is (no markup, no highlighting)."""
+    err.print(Text(line), highlight=False)
+
+
 Inventory = Annotated[Path, typer.Option("-i", "--inventory", help="inventory file")]
 Limit = Annotated[str | None, typer.Option("--limit", help="hosts: a name, a group or a glob")]
 
@@ -136,7 +142,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if jobs and jobs > len(sw.hosts):
         err.print(f"note: --jobs {jobs}, but one run at a time goes to a host: at most {len(sw.hosts)} at once here")
     from harness.slurm import allocations
-    with allocations(sw, log=lambda line: err.print(Text(line), highlight=False)) as (sw, connect):
+    with allocations(sw, log=_say) as (sw, connect):
         outcome = Executor(sw, output, jobs=jobs, events=Display(err), fail_fast=fail_fast, retries=retries,
                            deadline=until, lease_s=lease, host_retries=host_retries, resume=resume,
                            retry_failed=retry_failed, accept_changes=accept_changes,
@@ -391,7 +397,8 @@ def status(results: Path, format: Format = TableOrJson.table):
 @app.command()
 @exits
 def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
-              host: Annotated[str | None, typer.Option(help="host to run on; default: the recorded one")] = None,
+              host: Annotated[str | None,
+                              typer.Option(help="host or group to run on; default: the recorded one")] = None,
               output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results")):
     """Run a recorded run again from its directory alone, and show what differs."""
     from harness.executor import Executor
@@ -399,10 +406,12 @@ def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
     from harness.report.reproduce_view import render_comparison
     from harness.reproduce import compare_runs, prepare
     from harness.results import SweepLayout
+    from harness.slurm import allocations
 
     sw = prepare(run_dir, inventory, host=host, results=output)
-    out.print(f"reproducing [bold]{run_dir}[/] on {sw.hosts[0].name} as sweep {sw.sweep_id}")
-    outcome = Executor(sw, output, events=Display(err), argv=sys.argv[1:]).run()
+    with allocations(sw, log=_say) as (sw, connect):
+        out.print(f"reproducing [bold]{run_dir}[/] on {sw.hosts[0].name} as sweep {sw.sweep_id}")
+        outcome = Executor(sw, output, events=Display(err), argv=sys.argv[1:], connect=connect).run()
     if outcome.interrupted:
         raise typer.Exit(130)
     (manifest,) = outcome.manifests

@@ -12,6 +12,7 @@ may share one.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -83,7 +84,24 @@ def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) 
     (where / "playbook.yaml").write_text(yaml.safe_dump(playbook, sort_keys=False))
     if (where / "playbook.yaml").stat().st_mode & 0o077:
         os.chmod(where / "playbook.yaml", 0o600)  # it may hold secrets taken from the environment
-    return load_sweep(where / "playbook.yaml", inventory, sweep_id=f"{playbook.get('name')}-reproduce-{stamp}")
+    sweep = load_sweep(where / "playbook.yaml", inventory, sweep_id=f"{playbook.get('name')}-reproduce-{stamp}")
+    return fewest_slots(sweep)
+
+
+def fewest_slots(sweep: Sweep) -> Sweep:
+    """The sweep with each Slurm group cut to the nodes its one run spans, so that the allocation
+    asks for those and no more (a group of 8 nodes reproducing a run on one holds one)."""
+    (run,) = sweep.runs
+    kept: dict[str | None, int] = {}
+    hosts = []
+    for h in sweep.hosts:
+        if h.slurm is None or kept.setdefault(h.cluster, 0) < run.nodes:
+            hosts.append(h)
+            if h.slurm is not None:
+                kept[h.cluster] += 1
+    names = {h.name for h in hosts}
+    return dataclasses.replace(sweep, hosts=hosts,
+                               runs=[dataclasses.replace(run, hosts=tuple(h for h in run.hosts if h.name in names))])
 
 
 def _secret(name: str, value: str, run_dir: Path) -> str:

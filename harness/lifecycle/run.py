@@ -235,7 +235,9 @@ def resolved_playbook(ctx: RunContext) -> dict:
     config = ctx.run.config.model_dump(mode="json")
     pb["server"]["env"] = sweep.redactor.env(pb["server"]["env"], sweep.secret_names)
     config["env"] = sweep.redactor.env(config["env"], sweep.secret_names)
-    hosts = ",".join(n.host.name for n in ctx.nodes)   # a server on several hosts: every node's, node 0 first
+    # a server on several hosts: every node's, node 0 first; a Slurm node's group, which the next
+    # allocation takes its nodes from (the node itself is no host of the inventory)
+    hosts = ",".join(dict.fromkeys(n.host.cluster or n.host.name for n in ctx.nodes))
     return pb | {"hosts": hosts, "configs": [config], "repeat": 1, "placement": "pool"}
 
 

@@ -137,6 +137,30 @@ def test_an_allocation_not_granted_in_time_is_a_clear_error_and_leaves_no_pendin
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*/runs/*/manifest.json"))
 
 
+def test_a_run_from_the_cluster_reproduces_on_an_allocation_of_its_own(tmp_path, cluster, remote_venv):
+    """`harness reproduce` of a run that ran on a node: a new allocation of the group (never the login
+    host itself), the run on one of its nodes, the job released."""
+    inv = slurm_inventory(tmp_path, remote_venv)
+    pb = playbook(tmp_path, hosts="cluster", configs=[{"name": "tp1", "args": {"tp-size": 1}}])
+    first = harness("sweep", pb, "-i", inv, "-o", tmp_path / "r", env=cluster.env)
+    assert first.returncode == 0, first.stdout + first.stderr + cluster.logs()
+    (original,) = manifests(tmp_path / "r").values()
+
+    run = harness("reproduce", sweep_dir(tmp_path / "r") / "runs" / "tp1-1", "-i", inv, "-o", tmp_path / "r2",
+                  env=cluster.env)
+    assert run.returncode == 0, run.stdout + run.stderr + cluster.logs()
+    (again,) = manifests(tmp_path / "r2").values()
+    assert again["status"] == "ok", again.get("error")
+    placement = again["placement"]
+    assert placement["scheduler"] == "slurm" and again["host"]["name"] in cluster.names
+    assert placement["job_id"] != original["placement"]["job_id"]
+    assert f"released job {placement['job_id']}" in run.stderr
+    # the group has 2 nodes; the run spans one, and the allocation holds just that one
+    assert f"job {placement['job_id']} granted on {again['host']['name']}\n" in run.stderr, run.stderr
+    assert "ITL p50 ms" in run.stdout
+    assert not cluster.jobs(HELD), cluster.jobs()
+
+
 def _journal(results: Path) -> list[dict]:
     with contextlib.suppress(FileNotFoundError, ValueError):
         return [json.loads(line) for line in (sweep_dir(results) / "journal.jsonl").read_text().splitlines()]
