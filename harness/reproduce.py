@@ -67,6 +67,8 @@ def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) 
     """Write the recorded playbook and templates beside the results and load them as a new sweep."""
     manifest = load_run(run_dir)
     playbook = manifest.playbook or {}
+    if isinstance(playbook.get("search"), dict) and playbook["search"].get("optuna") is not None:
+        playbook = playbook | {"search": None}   # an older record of a trial: the trial's own config is its run
     try:
         target = host or playbook["hosts"]
         for section in (playbook["server"], *playbook["configs"]):
@@ -85,6 +87,9 @@ def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) 
     if (where / "playbook.yaml").stat().st_mode & 0o077:
         os.chmod(where / "playbook.yaml", 0o600)  # it may hold secrets taken from the environment
     sweep = load_sweep(where / "playbook.yaml", inventory, sweep_id=f"{playbook.get('name')}-reproduce-{stamp}")
+    if len(sweep.runs) != 1:
+        raise InputError(f"the recorded playbook makes {len(sweep.runs)} runs, not the one a harness records",
+                         file=str(RunLayout(Path(run_dir)).manifest), key="playbook")
     return fewest_slots(sweep)
 
 

@@ -238,6 +238,8 @@ def resolved_playbook(ctx: RunContext) -> dict:
     # a server on several hosts: every node's, node 0 first; a Slurm node's group, which the next
     # allocation takes its nodes from (the node itself is no host of the inventory)
     hosts = ",".join(dict.fromkeys(n.host.cluster or n.host.name for n in ctx.nodes))
+    if sweep.playbook.optuna is not None:   # a trial: its config holds the point, the run searches nothing
+        pb["search"] = None
     return pb | {"hosts": hosts, "configs": [config], "repeat": 1, "placement": "pool"}
 
 

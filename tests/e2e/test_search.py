@@ -98,6 +98,32 @@ def test_a_search_runs_each_trial_as_a_run_tells_failures_as_failed_and_ends_wit
     assert "Search" in html and best["config"] in html and "every point of the space (4) has run" in html
 
 
+def test_a_trial_reproduces_as_its_one_run(tmp_path, ssh_inventory):
+    """A trial's run folder holds a playbook of that one point: reproducing it runs the trial's config
+    once, and starts no search of its own."""
+    inv = ssh_inventory()
+    pb = playbook(tmp_path, {"space": {"args.tp-size": [2, 4]}, "budget": 1, "random_state": 3})
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    ((run_id, original),) = manifests(tmp_path / "r").items()
+    assert original["playbook"].get("search") is None
+
+    run = harness("reproduce", sweep_dir(tmp_path / "r") / "runs" / run_id, "-i", inv, "-o", tmp_path / "r2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (again,) = manifests(tmp_path / "r2").values()
+    assert again["status"] == "ok" and again["config"]["args"] == original["config"]["args"]
+    assert not (sweep_dir(tmp_path / "r2") / "search.json").exists()
+    assert "ITL p50 ms" in run.stdout
+
+    # an older harness recorded the trial's playbook with the search in it: still the one run
+    recorded = sweep_dir(tmp_path / "r") / "runs" / run_id / "manifest.json"
+    older = json.loads(recorded.read_text())
+    older["playbook"]["search"] = yaml.safe_load(pb.read_text())["search"]
+    recorded.write_text(json.dumps(older))
+    run = harness("reproduce", recorded.parent, "-i", inv, "-o", tmp_path / "r3")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [m["config"]["args"] for m in manifests(tmp_path / "r3").values()] == [original["config"]["args"]]
+
+
 def test_a_killed_search_resumes_the_same_study_and_runs_nothing_twice(tmp_path, ssh_inventory):
     """SIGKILL while the third trial runs: `--resume` keeps the told trials, runs the one in flight
     again under its own trial number, and asks new trials until the budget is spent."""
