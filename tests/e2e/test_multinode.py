@@ -138,6 +138,22 @@ def test_a_server_on_two_hosts_is_measured_profiled_on_both_and_torn_down_on_bot
         assert not list(host.workdir.glob(f"{sweep_dir(results).name}/tp2-1"))
 
 
+def test_a_run_on_two_hosts_reproduces_on_both(tmp_path, hosts, venv):
+    """The run's folder records both hosts, node 0 first: reproducing it serves from both again."""
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, venv)
+    first = harness("sweep", write_playbook(tmp_path / "pb.yaml", "sglang"), "-i", inventory, "-o", tmp_path / "r")
+    assert first.returncode == 0, first.stdout + first.stderr
+    (original,) = manifests(tmp_path / "r").values()
+    assert original["playbook"]["hosts"] == ",".join(h.name for h in hosts)
+
+    run = harness("reproduce", sweep_dir(tmp_path / "r") / "runs" / "tp2-1", "-i", inventory, "-o", tmp_path / "r2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (again,) = manifests(tmp_path / "r2").values()
+    assert again["status"] == "ok", again["error"]
+    assert [(n["rank"], n["host"]) for n in again["nodes"]] == [(0, hosts[0].name), (1, hosts[1].name)]
+    assert again["profile"]["ranks_found"] == 2
+
+
 def test_node_1_dying_mid_benchmark_fails_the_run_as_server_died_naming_node_1(tmp_path, hosts, venv):
     # node 1's ranks crash after the third request node 0 finished (the fault fires on node 1 only)
     env = {"HARNESS_SIM_FAULT": "{{ 'crash_after=3' if node_rank == 1 else '' }}"}
