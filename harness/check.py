@@ -6,7 +6,6 @@ venv: Python, the engine import, the port, GPUs and their processes, free disk.
 
 from __future__ import annotations
 
-import json
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from harness.config.inventory import Host, load_inventory
 from harness.engines import Engine, get_engine
 from harness.errors import HarnessError
 from harness.remote import install, tool_command
+from harness.results.answers import AnswerError, Gpus, Probe, read_answer
 from harness.transport import connect
 
 
@@ -26,7 +26,7 @@ class HostCheck:
     host: str
     ok: bool
     problems: list[str] = field(default_factory=list)
-    probe: dict = field(default_factory=dict)
+    probe: Probe | None = None
 
 
 def check_host(host: Host, engine: str | Engine, port: int | None) -> HostCheck:
@@ -50,38 +50,39 @@ def check_host(host: Host, engine: str | Engine, port: int | None) -> HostCheck:
         res = t.run(f"test -x {shlex.quote(python)} && {probe_command}", timeout=600, check=False)
         if res.exit_code != 0 and not res.stdout.strip():
             return HostCheck(host.name, False, [f"venv {venv}: no runnable {python}"])
-        probe = json.loads(res.stdout.strip().splitlines()[-1])
+        probe = read_answer(Probe, res.stdout)
     except HarnessError as e:
         return HostCheck(host.name, False, [f"{e.kind}: {e}"])
+    except AnswerError as e:
+        return HostCheck(host.name, False, [f"the agent's probe answered what this harness cannot read: {e}"])
     finally:
         t.close()
     problems = []
-    if not probe["module_ok"]:
-        problems.append(f"venv {venv} cannot import {eng.module}: {probe.get('module_error')}")
-    if not probe["port_free"]:
-        holders = "; ".join(f"pid {h['pid']} {h['command']}" for h in probe.get("port_holders", []))
+    if not probe.module_ok:
+        problems.append(f"venv {venv} cannot import {eng.module}: {probe.module_error}")
+    if not probe.port_free:
+        holders = "; ".join(f"pid {h.pid} {h.command}" for h in probe.port_holders)
         problems.append(f"port {port or eng.default_port} in use by {holders}")
-    busy = (probe.get("gpus") or {}).get("processes") or []
-    if busy:
-        problems.append("GPUs busy: " + "; ".join(f"pid {p['pid']} {p['name']}" for p in busy))
-    problems += gpu_mismatch(host, probe.get("gpus") or {})
-    if probe.get("disk_free_gb", 1e9) < 10:
-        problems.append(f"only {probe['disk_free_gb']} GB free in {host.workdir}")
+    if busy := probe.gpus.processes:
+        problems.append("GPUs busy: " + "; ".join(f"pid {p.pid} {p.name}" for p in busy))
+    problems += gpu_mismatch(host, probe.gpus)
+    if probe.disk_free_gb is not None and probe.disk_free_gb < 10:
+        problems.append(f"only {probe.disk_free_gb} GB free in {host.workdir}")
     return HostCheck(host.name, not problems, problems, probe)
 
 
-def gpu_mismatch(host: Host, found: dict) -> list[str]:
+def gpu_mismatch(host: Host, found: Gpus) -> list[str]:
     """Where the inventory's `gpus` / `gpu` disagree with what nvidia-smi reports: a sweep planned for
     eight GPUs on a host that shows four, or an H100 declared as an H200 (the roofline would be off)."""
     if host.gpus is None and host.gpu is None:
         return []
-    if not found.get("available"):
+    if not found.available:
         return [f"the inventory declares {host.gpus or ''} {host.gpu or 'GPU'}s but nvidia-smi is not on this host"]
-    devices = found.get("devices") or []
+    devices = found.devices
     problems = []
     if host.gpus is not None and host.gpus != len(devices):
         problems.append(f"the inventory declares gpus: {host.gpus}, nvidia-smi shows {len(devices)}")
-    names = sorted({d["name"] for d in devices})
+    names = sorted({d.name for d in devices})
     if host.gpu and devices and not all(host.gpu.lower() in n.lower() for n in names):
         problems.append(f"the inventory declares gpu: {host.gpu}, nvidia-smi shows {', '.join(names)}")
     return problems
@@ -105,12 +106,11 @@ def render(results: list[HostCheck]) -> Table:
         t.add_column(col)
     t.add_column("problems", justify="right")
     for r in results:
-        gpus = (r.probe.get("gpus") or {})
-        devices = gpus.get("devices") or []
-        gpu_text = f"{len(devices)} x {devices[0]['name']}" if devices else ("none" if r.probe else "-")
-        t.add_row(r.host, "[green]ok[/]" if r.ok else "[red]problem[/]", r.probe.get("python", "-"), gpu_text,
-                  f"{r.probe['disk_free_gb']} GB" if "disk_free_gb" in r.probe else "-",
-                  str(len(r.problems)) if r.problems else "-")
+        devices = r.probe.gpus.devices if r.probe else []
+        gpu_text = f"{len(devices)} x {devices[0].name}" if devices else ("none" if r.probe else "-")
+        disk = r.probe.disk_free_gb if r.probe else None
+        t.add_row(r.host, "[green]ok[/]" if r.ok else "[red]problem[/]", r.probe.python if r.probe else "-",
+                  gpu_text, f"{disk} GB" if disk is not None else "-", str(len(r.problems)) if r.problems else "-")
     return t
 
 

@@ -8,7 +8,6 @@ inventory, a Slurm allocation) is not the lifecycle's business: it gets a list o
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from harness.config.inventory import Host
 from harness.errors import Kind, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
 from harness.remote import remote_dir, tool_command
+from harness.results.answers import A, AnswerError, Probe, Stop, read_answer
 from harness.results.layout import HostRunLayout, RunLayout
 from harness.results.models import Collected
 from harness.transport.base import Result, Transport
@@ -31,14 +31,14 @@ class Findings:
     """What the stages of one run found, each field set by the one stage named beside it; the manifest
     is built from it (`harness.lifecycle.run.build_manifest`), and nothing else passes between stages."""
     attempt: int = 1
-    probe: dict[str, Any] | None = None          # preflight: the agent's probe of the host
+    probe: Probe | None = None                   # preflight: the agent's probe of the host
     server_pid: int | None = None                # launch
     server_step: str | None = None               # launch: the scheduler's step that started it (Slurm)
     log_tail: str | None = None                  # health: the end of the log of a server that died starting
     prompt_file: str | None = None               # bench (uploaded once, reused by profile)
     bench_stderr: str = ""                       # bench: what the client said
     profile: dict[str, Any] | None = None        # profile: the agent's answer
-    teardown: dict[str, Any] | None = None       # teardown
+    teardown: Stop | None = None                 # teardown: the agent's stop
     collected: Collected | None = None           # collect
     warnings: list[str] = field(default_factory=list)   # any stage: what went wrong without failing the run
 
@@ -140,19 +140,20 @@ class RunContext:
     def agent_command(self, *args: str | int | float) -> str:
         return tool_command(self.python, self.tools_dir, "agent", *args)
 
-    def agent(self, *args: str | int | float, timeout: float) -> dict:
-        """Run one agent subcommand on the host and return its JSON answer."""
-        return self.parse_agent(str(args[0]), self.sh(self.agent_command(*args), timeout=timeout, check=False))
+    def agent(self, model: type[A], *args: str | int | float, timeout: float) -> A:
+        """Run one agent subcommand on the host and return its answer, checked."""
+        return self.parse_agent(model, str(args[0]), self.sh(self.agent_command(*args), timeout=timeout, check=False))
 
-    def parse_agent(self, what: str, result: Result) -> dict:
-        for line in reversed(result.stdout.strip().splitlines()):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-        raise RunFailed(f"the host agent gave no answer to {what!r} (exit {result.exit_code})",
-                        host=self.host.name, run_id=self.run.run_id, command=result.command,
-                        output=result.stderr or result.stdout, kind=Kind.PREFLIGHT)
+    def parse_agent(self, model: type[A], what: str, result: Result) -> A:
+        """The agent's answer to `what` in the command's output, as `model`; a run failure naming the
+        host when there is none or it has another shape (a host is not trusted)."""
+        try:
+            return read_answer(model, result.stdout)
+        except AnswerError as e:
+            raise RunFailed(f"the host agent's answer to {what!r} is not one this harness reads: {e} "
+                            f"(exit {result.exit_code})", host=self.host.name, run_id=self.run.run_id,
+                            command=result.command, output=result.stderr or result.stdout,
+                            kind=Kind.PREFLIGHT) from None
 
     def fail(self, kind: Kind, message: str, *, output: str = "") -> RunFailed:
         return RunFailed(message, host=self.host.name, run_id=self.run.run_id, output=output, kind=kind)

@@ -13,12 +13,14 @@ import json
 import shlex
 import time
 from dataclasses import asdict
+from typing import Any
 
 from harness.engines import CaptureSettings
 from harness.errors import Kind, RemoteTimeout
 from harness.lifecycle.context import RunContext
 from harness.lifecycle.server import agent_with_key, alive_check, key_words, server_alive, with_key
 from harness.remote import tool_command
+from harness.results.answers import Profiled, Traces
 from harness.results.layout import RunFiles, node_name
 
 
@@ -174,36 +176,32 @@ def profile(ctx: RunContext) -> dict:
     if b.extra_body:
         args += ["--extra-body", json.dumps(b.extra_body)]
     started = time.monotonic()
-    answer = agent_with_key(ctx, *args, timeout=p.timeout_s + 120)
+    answer = agent_with_key(ctx, Profiled, *args, timeout=p.timeout_s + 120)
     if ctx.peers and spec is not None and spec.get("await") != "exit":
         answer = _peer_traces(ctx, answer, spec, per_node, p.timeout_s - (time.monotonic() - started))
-    answer["num_steps"] = p.num_steps
-    answer["mode"] = p.mode
-    return answer
+    return answer.record() | {"num_steps": p.num_steps, "mode": p.mode}
 
 
-def _peer_traces(ctx: RunContext, answer: dict, spec: dict, per_node: int, left_s: float) -> dict:
+def _peer_traces(ctx: RunContext, answer: Profiled, spec: dict, per_node: int, left_s: float) -> Profiled:
     """Node 0's capture started every rank; each other node writes its own ranks' traces into its own
     profile folder. Wait for them there (their names as they come back: node<k>/NAME under profile/)
     and count every node's ranks in the answer."""
-    files, found, problems = list(answer.get("files") or []), answer.get("ranks_found") or 0, []
+    files, found, problems = list(answer.files), answer.ranks_found, []
     for peer in ctx.peers:
-        got = peer.agent("traces", "--dir", peer.paths.profile_dir, "--naming",
+        got = peer.agent(Traces, "traces", "--dir", peer.paths.profile_dir, "--naming",
                          json.dumps(spec["naming"], separators=(",", ":")), "--ranks", per_node,
                          "--timeout", max(30.0, left_s), timeout=max(30.0, left_s) + 120)
-        files += [f | {"name": f"{node_name(peer.node_rank)}/{f['name']}"} for f in got.get("files") or []]
-        found += got.get("ranks_found") or 0
-        if got.get("missing_ranks"):
-            problems.append(f"{peer.label} wrote {got.get('ranks_found') or 0} of {per_node} in "
-                            f"{peer.paths.profile_dir}")
+        files += [f.model_copy(update={"name": f"{node_name(peer.node_rank)}/{f.name}"}) for f in got.files]
+        found += got.ranks_found
+        if got.missing_ranks:
+            problems.append(f"{peer.label} wrote {got.ranks_found} of {per_node} in {peer.paths.profile_dir}")
     expected = per_node * len(ctx.nodes)
-    merged = answer | {"files": files, "ranks_found": found, "expected_ranks": expected,
-                       "missing_ranks": max(0, expected - found),
-                       "bytes": sum(f.get("bytes") or 0 for f in files)}
-    if answer.get("status") == "ok" and problems:
+    merged: dict[str, Any] = {"files": files, "ranks_found": found, "expected_ranks": expected,
+                              "missing_ranks": max(0, expected - found), "bytes": sum(f.bytes for f in files)}
+    if answer.status == "ok" and problems:
         merged |= {"status": "partial" if found else "failed",
                    "error": f"traces from {found} of {expected} ranks: " + "; ".join(problems)}
-    elif answer.get("status") == "partial" and not problems:
+    elif answer.status == "partial" and not problems:
         merged["error"] = f"traces from {found} of {expected} ranks ({RunFiles.PROFILE}/ on node 0: "\
-                          f"{answer.get('error')})"
-    return merged
+                          f"{answer.error})"
+    return answer.model_copy(update=merged)

@@ -8,20 +8,20 @@ seconds, not at 3 a.m.), and records the host's facts: the three at once, on the
 from __future__ import annotations
 
 import difflib
-import json
 import shlex
 
 from harness.errors import Kind
 from harness.facts import collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
+from harness.results.answers import AnswerError, Probe, read_answer
 
 NO_VENV = "__harness_no_venv__"
 NO_NSYS = "__harness_no_nsys__"
 SEP = "__harness_help__"
 
 
-def preflight(ctx: RunContext) -> dict:
+def preflight(ctx: RunContext) -> Probe:
     q = shlex.quote
     engine, paths = ctx.sweep.engine, ctx.paths
     # What cannot change between runs of one sweep on one host (the engine imports, its flags, the host's
@@ -32,7 +32,7 @@ def preflight(ctx: RunContext) -> dict:
     # The probe marks the host once the engine imports (--imported); later runs ask for no import.
     imported = f"{cache_dir}/module.ok"
     module = f"$([ -f {q(imported)} ] || echo {q(engine.module)})" if engine.module else ""
-    probe = ctx.agent_command("probe", "--port", ctx.rendered.port, "--bind", ctx.server_address,
+    probing = ctx.agent_command("probe", "--port", ctx.rendered.port, "--bind", ctx.server_address,
                               "--dir", paths.root, "--imported", imported) + f' "--module={module}"'
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
@@ -47,7 +47,8 @@ def preflight(ctx: RunContext) -> dict:
              f"mv {cache}/facts.tmp {cache}/facts; }}; }} & ")
     help_tail = f"tail -c 2000000 {cache}/help.txt; " if engine.help_command else ""
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
-               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && {{ {listing}{facts}{probe}; wait; }}; "
+               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && "
+               f"{{ {listing}{facts}{probing}; wait; }}; "
                f"echo {SEP}; {help_tail}cp -p {cache}/facts/* {q(paths.facts_dir)}/; true")
     result = ctx.sh(command, timeout=600)
     out = result.stdout
@@ -59,21 +60,20 @@ def preflight(ctx: RunContext) -> dict:
                        f"{ctx.host.name}: install Nsight Systems there, or use profile.mode engine")
     probe_text, _, help_text = out.partition(SEP)
     try:
-        probe = json.loads(probe_text.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
+        probe = read_answer(Probe, probe_text)
+    except AnswerError as e:
         raise ctx.fail(Kind.PREFLIGHT, f"the venv python {ctx.python} on {ctx.host.name} could not run the "
-                       "harness agent", output=(probe_text + result.stderr)[-8000:]) from None
-    if not probe["module_ok"]:
+                       f"harness agent's probe ({e})", output=(probe_text + result.stderr)[-8000:]) from None
+    if not probe.module_ok:
         raise ctx.fail(Kind.PREFLIGHT, f"the venv {ctx.venv} on {ctx.host.name} cannot import "
-                       f"{engine.module!r} ({probe.get('module_error')}): install it in that venv, or "
+                       f"{engine.module!r} ({probe.module_error}): install it in that venv, or "
                        f"point `venv:` at the venv that has it")
-    if not probe["port_free"]:
-        holders = "; ".join(f"pid {h['pid']}: {h['command']}" for h in probe.get("port_holders", []))
+    if not probe.port_free:
+        holders = "; ".join(f"pid {h.pid}: {h.command}" for h in probe.port_holders)
         raise ctx.fail(Kind.PREFLIGHT, f"port {ctx.rendered.port} on {ctx.host.name} is already in use "
                        f"({holders}); stop that server or choose another server.port")
-    busy = (probe.get("gpus") or {}).get("processes") or []
-    if busy:
-        held = "; ".join(f"pid {p['pid']} {p['name']} ({p['memory_mib']} MiB)" for p in busy)
+    if busy := probe.gpus.processes:
+        held = "; ".join(f"pid {p.pid} {p.name} ({p.memory_mib} MiB)" for p in busy)
         raise ctx.fail(Kind.PREFLIGHT, f"the GPUs of {ctx.host.name} are busy: {held}")
     if not engine.help_command:
         return probe

@@ -27,6 +27,7 @@ from harness.lifecycle.server import dead_node, launch, teardown, wait_healthy
 from harness.plan import RunSpec, Sweep
 from harness.render import BUILTIN_TEMPLATES
 from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomic_write, write_json, write_model
+from harness.results.answers import Answer
 from harness.results.models import AnalysisRef, Collected
 from harness.results.store import read_telemetry
 from harness.transport.base import Placed
@@ -317,8 +318,8 @@ def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles
         "collected": found.collected.model_dump() if found.collected else {"files": 0, "bytes": 0},
         "profile": {k: profile.get(k) for k in PROFILE_FIELDS} if profile is not None else None,
         "facts": files.facts,
-        "probe": found.probe,
-        "teardown": found.teardown,
+        "probe": recorded(found.probe),
+        "teardown": recorded(found.teardown),
         "nodes": [node_record(ctx, n) for n in ctx.nodes] if ctx.peers else [],
         "warnings": found.warnings + [f"telemetry: {e}" for e in files.telemetry_errors]
                     + [f"{p.label}: {w}" for p in ctx.peers for w in p.found.warnings],
@@ -328,9 +329,14 @@ def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles
     }))
 
 
+def recorded(answer: Answer | None) -> dict[str, Any] | None:
+    return answer.record() if answer is not None else None
+
+
 def node_record(ctx: RunContext, node: RunContext) -> dict[str, Any]:
     """One node of a server on several hosts, as the manifest lists it."""
-    record: dict[str, Any] = {"rank": node.node_rank, "host": node.host.name, "teardown": node.found.teardown,
+    record: dict[str, Any] = {"rank": node.node_rank, "host": node.host.name,
+                              "teardown": recorded(node.found.teardown),
                               "dir": node.local_dir.relative_to(ctx.local_dir).as_posix() or ".",
                               "profile_dir": RunFiles.PROFILE if not node.node_rank else
                               ctx.layout.node_profile(node.node_rank).relative_to(ctx.local_dir).as_posix()}

@@ -14,6 +14,7 @@ import time
 
 from harness.errors import Kind, RunFailed
 from harness.lifecycle.context import RunContext
+from harness.results.answers import A, Stop, Wait
 from harness.results.layout import RunFiles
 from harness.secrets import api_key_env
 
@@ -74,20 +75,20 @@ def with_key(ctx: RunContext, command: str) -> str:
     return f"set -a && . {shlex.quote(ctx.paths.secrets_file)} && set +a && {command}"
 
 
-def agent_with_key(ctx: RunContext, *args: str | int | float, timeout: float) -> dict:
+def agent_with_key(ctx: RunContext, model: type[A], *args: str | int | float, timeout: float) -> A:
     """One agent subcommand that talks to the server, sending its API key if it asks for one."""
     command = with_key(ctx, ctx.agent_command(*args, *key_words(ctx)))
-    return ctx.parse_agent(str(args[0]), ctx.sh(command, timeout=timeout, check=False))
+    return ctx.parse_agent(model, str(args[0]), ctx.sh(command, timeout=timeout, check=False))
 
 
-def _wait(ctx: RunContext, health: str, timeout: float) -> dict:
+def _wait(ctx: RunContext, health: str, timeout: float) -> Wait:
     paths = ctx.paths
-    return agent_with_key(ctx, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
+    return agent_with_key(ctx, Wait, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
                           paths.exit_file, "--log", paths.log, "--timeout", timeout,
                           "--interval", HEALTH_POLL_S, timeout=timeout + 120)
 
 
-def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> dict:
+def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> Wait:
     """Node 0's health, asked in slices of PEER_CHECK_S with a look at every other node between them:
     node 0 is not up before every node joined, so a node that died starting would otherwise cost the
     whole startup timeout. A node that died first fails the run, named (kind launch)."""
@@ -95,13 +96,13 @@ def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> dict:
     while True:
         left = timeout - (time.monotonic() - start)
         answer = _wait(ctx, health, max(0.1, min(PEER_CHECK_S, left)))
-        if answer["status"] == "healthy":
-            return answer | {"seconds": time.monotonic() - start}
-        died = dead_node(ctx, "startup", kind=Kind.LAUNCH, peers_only=answer["status"] != "died")
-        if died is not None and (answer["status"] != "died" or died.host != ctx.host.name):
+        if answer.status == "healthy":
+            return answer.model_copy(update={"seconds": time.monotonic() - start})
+        died = dead_node(ctx, "startup", kind=Kind.LAUNCH, peers_only=answer.status != "died")
+        if died is not None and (answer.status != "died" or died.host != ctx.host.name):
             raise died
-        if answer["status"] == "died" or time.monotonic() - start >= timeout:
-            return answer | {"seconds": time.monotonic() - start}
+        if answer.status == "died" or time.monotonic() - start >= timeout:
+            return answer.model_copy(update={"seconds": time.monotonic() - start})
 
 
 def wait_healthy(ctx: RunContext) -> float:
@@ -112,22 +113,22 @@ def wait_healthy(ctx: RunContext) -> float:
     health = ctx.base_url + (pb.server.health_path or ctx.sweep.engine.health_path)
     answer = _wait_nodes(ctx, health, timeout) if ctx.peers else _wait(ctx, health, timeout)
     paths = ctx.paths
-    if answer["status"] == "healthy":
-        return answer["seconds"]
-    log = answer.get("log_tail", "")
+    if answer.status == "healthy":
+        return answer.seconds
+    log = answer.log_tail
     ctx.found.log_tail = log
-    if answer["status"] == "died":
-        code = answer.get("exit_code")
+    if answer.status == "died":
+        code = answer.exit_code
         if OOM.search(log):
             raise ctx.fail(Kind.OOM, f"the server ran out of memory while starting (exit {code}): "
                            f"{ctx.sweep.engine.oom_hint}", output=log)
-        said = answer.get("error_line", "")
+        said = answer.error_line
         raise ctx.fail(Kind.LAUNCH, f"the server exited during startup (exit {code}) after "
-                       f"{answer['seconds']:.0f} s" + (f": {said}" if said else "")
+                       f"{answer.seconds:.0f} s" + (f": {said}" if said else "")
                        + f" (the log's end below; all of it in {paths.log} on the host, server.log in the run)",
                        output=log)
     raise ctx.fail(Kind.STARTUP_TIMEOUT, f"not healthy after {timeout:g} s (last answer from {health}: "
-                   f"{answer.get('last_answer') or 'none'})", output=log)
+                   f"{answer.last_answer or 'none'})", output=log)
 
 
 def alive_check(ctx: RunContext) -> str:
@@ -177,21 +178,21 @@ def stop_command(ctx: RunContext) -> str:
     """Kill the server's process group, wait for the port to close, remove the secrets file."""
     # nsys writes its report after the server gets SIGTERM: give it time before SIGKILL
     grace = 240 if ctx.sweep.playbook.profile.mode == "nsys" else 30
-    devices = ((ctx.found.probe or {}).get("gpus") or {}).get("devices") or []
-    baseline = ",".join(str(d["memory_used_mib"]) for d in devices)
+    devices = ctx.found.probe.gpus.devices if ctx.found.probe is not None else []
+    baseline = ",".join(str(d.memory_used_mib) for d in devices)
     return (ctx.agent_command("stop", "--pid-file", ctx.paths.pid_file, "--port", ctx.rendered.port,
                               "--bind", ctx.server_address, "--timeout", grace, "--gpu-baseline", baseline)
             + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")
 
 
-def teardown(ctx: RunContext) -> dict:
-    answer = ctx.parse_agent("stop", ctx.sh(stop_command(ctx), timeout=600, check=False))
-    if not answer.get("port_closed", True):
-        holders = answer.get("port_holders")
+def teardown(ctx: RunContext) -> Stop:
+    answer = ctx.parse_agent(Stop, "stop", ctx.sh(stop_command(ctx), timeout=600, check=False))
+    if not answer.port_closed:
+        holders = [h.record() for h in answer.port_holders]
         ctx.found.warnings.append(f"port {ctx.rendered.port} still open after teardown: {holders}")
-    if answer.get("gpu_released") is False:
+    if answer.gpu_released is False:
         ctx.found.warnings.append(
-            f"GPU memory not released after teardown: {answer['gpu_memory_used_mib']} MiB in use, "
-            f"{answer['gpu_memory_before_mib']} before the launch")
+            f"GPU memory not released after teardown: {answer.gpu_memory_used_mib} MiB in use, "
+            f"{answer.gpu_memory_before_mib} before the launch")
     return answer
 

@@ -199,3 +199,34 @@ def test_inventory_names_with_shell_metacharacters_are_refused_at_load(tmp_path,
     run = harness("plan", playbook(tmp_path, profile="none", hosts="all"), "-i", inventory)
     assert run.returncode == 2 and "use letters, digits" in " ".join(run.stderr.split()), run.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ('[1]', "no answer"),
+    ('{"module_ok": true, "port_free": true, "gpus": [1]}', "gpus: Input should be"),
+    ('{"module_ok": true, "port_free": false, "port_holders": [1]}', "port_holders.0: Input should be"),
+    ('{"module_ok": "maybe", "port_free": true}', "module_ok: Input should be a valid boolean"),
+])
+def test_a_probe_answer_of_another_shape_fails_the_run_at_preflight_naming_the_field(tmp_path, ssh_inventory,
+                                                                                  remote_venv, answer, said):
+    """A host is not trusted: a venv whose python answers the agent's probe with what the agent never
+    sends fails the run as preflight, naming what is wrong, never as the harness's own bug; `harness
+    check` says so too."""
+    venv = tmp_path / "odd-venv"
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy(remote_venv / "bin" / "activate", venv / "bin" / "activate")
+    (tmp_path / "answer.json").write_text(answer + "\n")
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\ncase "$*" in *"agent probe"*) cat {tmp_path / "answer.json"}; exit 0;; esac\n'
+                      f'exec {remote_venv / "bin" / "python"} "$@"\n')
+    python.chmod(0o755)
+    inventory = ssh_inventory(venv=str(venv))
+    run = sweep(tmp_path, inventory)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and "internal" not in run.stderr
+    error = manifests(tmp_path / "r")["one-1"]["error"]
+    assert error["kind"] == "preflight" and said in error["message"], error
+
+    check = harness("check", "-i", inventory, "--limit", "node1")
+    assert check.returncode == 1 and "Traceback" not in check.stderr, check.stdout + check.stderr
+    assert said in " ".join(check.stdout.split()), check.stdout
