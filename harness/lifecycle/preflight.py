@@ -15,6 +15,7 @@ from harness.facts import collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
 from harness.results.answers import AnswerError, Probe, read_answer
+from harness.results.layout import HostCache
 
 NO_VENV = "__harness_no_venv__"
 NO_NSYS = "__harness_no_nsys__"
@@ -27,29 +28,28 @@ def preflight(ctx: RunContext) -> Probe:
     # What cannot change between runs of one sweep on one host (the engine imports, its flags, the host's
     # facts) is found once and kept beside the runs: importing a real engine and listing its flags take
     # seconds each, every run.
-    cache_dir = f"{ctx.host.workdir.rstrip('/')}/{ctx.sweep.sweep_id}/.host"
-    cache = q(cache_dir)
+    kept = HostCache.of(ctx.host.workdir, ctx.sweep.sweep_id)
+    cache, listed, facts_dir = q(kept.root), q(kept.help), q(kept.facts)
     # The probe marks the host once the engine imports (--imported); later runs ask for no import.
-    imported = f"{cache_dir}/module.ok"
-    module = f"$([ -f {q(imported)} ] || echo {q(engine.module)})" if engine.module else ""
+    module = f"$([ -f {q(kept.imported)} ] || echo {q(engine.module)})" if engine.module else ""
     probing = ctx.agent_command("probe", "--port", ctx.rendered.port, "--bind", ctx.server_address,
-                              "--dir", paths.root, "--imported", imported) + f' "--module={module}"'
+                                "--dir", paths.root, "--imported", kept.imported) + f' "--module={module}"'
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
     # The flag listing and the facts run beside the probe: on a GPU host each imports the engine or asks
     # the driver, seconds apiece, at the first run of a sweep on each host. Each is written aside and
     # moved into place, so a preflight cut short (a lost link, a timeout) leaves no half of a listing
     # that the host's later runs would take for the whole.
-    listing = (f"{{ [ -s {cache}/help.txt ] || {{ ( {ctx.in_venv(engine.help_command)} ) > {cache}/help.txt.$$ "
-               f"2>&1; mv -f {cache}/help.txt.$$ {cache}/help.txt; }}; }} & " if engine.help_command else "")
-    collect = ctx.in_venv(collect_script(facts_for(engine), cache_dir + "/facts.tmp"))
-    facts = (f"{{ [ -d {cache}/facts ] || {{ mkdir -p {cache}/facts.tmp && ( {collect} ) >/dev/null 2>&1; "
-             f"mv {cache}/facts.tmp {cache}/facts; }}; }} & ")
-    help_tail = f"tail -c 2000000 {cache}/help.txt; " if engine.help_command else ""
+    listing = (f"{{ [ -s {listed} ] || {{ ( {ctx.in_venv(engine.help_command)} ) > {listed}.$$ "
+               f"2>&1; mv -f {listed}.$$ {listed}; }}; }} & " if engine.help_command else "")
+    collect = ctx.in_venv(collect_script(facts_for(engine), kept.facts + ".tmp"))
+    facts = (f"{{ [ -d {facts_dir} ] || {{ mkdir -p {facts_dir}.tmp && ( {collect} ) >/dev/null 2>&1; "
+             f"mv {facts_dir}.tmp {facts_dir}; }}; }} & ")
+    help_tail = f"tail -c 2000000 {listed}; " if engine.help_command else ""
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
                f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && "
                f"{{ {listing}{facts}{probing}; wait; }}; "
-               f"echo {SEP}; {help_tail}cp -p {cache}/facts/* {q(paths.facts_dir)}/; true")
+               f"echo {SEP}; {help_tail}cp -p {facts_dir}/* {q(paths.facts_dir)}/; true")
     result = ctx.sh(command, timeout=600)
     out = result.stdout
     if NO_VENV in out:

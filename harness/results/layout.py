@@ -5,6 +5,8 @@
                                                  a search's search.json and study.db
         runs/<run_id>/             RunLayout     manifest.json, launch.sh, server.log, bench.json, ...
     WORKDIR/<sweep_id>/<run_id>/   HostRunLayout the same run folder on its host, pulled whole
+    WORKDIR/<sweep_id>/.host/      HostCache     what the sweep's runs on a host find once: the engine
+                                                 imported, its flag listing, the host's facts
 
 A run folder has the same names on the host and, once collected, here (what the host wrote is what
 the pull brings back), so both layouts take their names from `RunFiles`.
@@ -18,7 +20,7 @@ from typing import Generic, TypeVar
 
 from harness.remote.names import RunFiles
 
-__all__ = ["HostRunLayout", "RunFiles", "RunLayout", "SweepFiles", "SweepLayout", "node_name"]
+__all__ = ["HostCache", "HostRunLayout", "RunFiles", "RunLayout", "SweepFiles", "SweepLayout", "node_name"]
 
 P = TypeVar("P", Path, str)
 
@@ -37,6 +39,13 @@ class SweepFiles:
     SEARCH = "search.json"            # a search's trials and its best, for compare and the report
     STUDY = "study.db"                # the Optuna study (SQLite) that --resume continues
     RUNS = "runs"
+
+
+class HostFiles:
+    CACHE = ".host"                   # beside the sweep's run folders on a host
+    IMPORTED = "module.ok"            # the engine imported once: later probes ask for no import
+    HELP = "help.txt"                 # the engine's flag listing
+    FACTS = "facts"                   # the host's facts, one file each
 
 
 class _Named(Generic[P]):
@@ -147,3 +156,20 @@ class HostRunLayout(_Folder[str]):
     bench_progress = _Named[str](RunFiles.BENCH_PROGRESS)
     telemetry = _Named[str](RunFiles.TELEMETRY)
     prompt = _Named[str](RunFiles.PROMPT)
+
+
+@dataclass(frozen=True)
+class HostCache(_Folder[str]):
+    """What the runs of one sweep on one host find once and share: WORKDIR/<sweep_id>/.host."""
+    root: str
+
+    @classmethod
+    def of(cls, workdir: str, sweep_id: str) -> HostCache:
+        return cls(f"{workdir.rstrip('/')}/{sweep_id}/{HostFiles.CACHE}")
+
+    def at(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    imported = _Named[str](HostFiles.IMPORTED)
+    help = _Named[str](HostFiles.HELP)
+    facts = _Named[str](HostFiles.FACTS)
