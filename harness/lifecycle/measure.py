@@ -28,7 +28,7 @@ def prompt_file(ctx: RunContext) -> str:
     """The playbook's prompt in a file beside the run, uploaded once: a command line cannot carry a
     prompt of hundreds of KB (the kernel's limit is 128 KiB a word), and one starting with `-` would
     be read as an option."""
-    path = f"{ctx.paths.root}/prompt.txt"
+    path = ctx.paths.prompt
     if not ctx.found.prompt_file:
         prompt = ctx.run.benchmark.prompt
         assert prompt is not None  # called only for a playbook that gives one
