@@ -25,7 +25,7 @@ class Answer(BaseModel):
 
 
 class PortHolder(Answer):
-    pid: int
+    pid: int | None                 # None: the socket's process is not visible to the SSH user
     command: str = ""
 
 

@@ -36,3 +36,10 @@ def test_the_record_keeps_what_the_agent_sent_and_drops_what_it_did_not_name():
     assert probe.record() == {"module_ok": False, "module_error": "No module named sglang", "port_free": True,
                               "disk_free_gb": 12.5}
     assert probe.gpus.devices == [] and probe.port_holders == []   # defaults to read, not to record
+
+
+def test_a_port_held_by_a_process_the_user_cannot_see_is_still_an_answer():
+    """The agent names no pid when the socket's process belongs to another user (/proc hides its fds)."""
+    probe = read_answer(Probe, '{"module_ok": true, "port_free": false, "port_holders": '
+                               '[{"pid": null, "command": "unknown (not visible to this user)"}]}')
+    assert not probe.port_free and probe.port_holders[0].pid is None
