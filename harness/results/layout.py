@@ -133,16 +133,21 @@ class SweepLayout(_Here):
 
 
 @dataclass(frozen=True)
-class HostRunLayout(_Folder[str]):
-    """Where a run lives on its host: WORKDIR/<sweep_id>/<run_id>."""
+class _There(_Folder[str]):
+    """A folder on a host: its paths are text, for the host's shell."""
     root: str
+
+    def at(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+
+@dataclass(frozen=True)
+class HostRunLayout(_There):
+    """Where a run lives on its host: WORKDIR/<sweep_id>/<run_id>."""
 
     @classmethod
     def of(cls, workdir: str, sweep_id: str, run_id: str) -> HostRunLayout:
         return cls(f"{workdir.rstrip('/')}/{sweep_id}/{run_id}")
-
-    def at(self, name: str) -> str:
-        return f"{self.root}/{name}"
 
     launch = _Named[str](RunFiles.LAUNCH)
     log = _Named[str](RunFiles.SERVER_LOG)
@@ -159,16 +164,12 @@ class HostRunLayout(_Folder[str]):
 
 
 @dataclass(frozen=True)
-class HostCache(_Folder[str]):
+class HostCache(_There):
     """What the runs of one sweep on one host find once and share: WORKDIR/<sweep_id>/.host."""
-    root: str
 
     @classmethod
     def of(cls, workdir: str, sweep_id: str) -> HostCache:
         return cls(f"{workdir.rstrip('/')}/{sweep_id}/{HostFiles.CACHE}")
-
-    def at(self, name: str) -> str:
-        return f"{self.root}/{name}"
 
     imported = _Named[str](HostFiles.IMPORTED)
     help = _Named[str](HostFiles.HELP)
