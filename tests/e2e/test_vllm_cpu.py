@@ -31,6 +31,7 @@ import yaml
 
 from harness.engines import get_engine
 from tests.conftest import harness
+from tests.e2e.test_sweep import _free_port
 from tests.remote_venv import REPO
 
 pytestmark = pytest.mark.e2e
@@ -86,7 +87,7 @@ def sweep(tmp_path_factory, sshd):
     playbook.write_text(yaml.safe_dump({
         "name": "vllm-cpu", "hosts": "node1", "engine": "vllm",
         "model": {"path": str(VENV / "tiny-llama"), "served_name": "tiny"},
-        "server": {"port": 18123, "startup_timeout_s": 600, "env": {"HF_HUB_OFFLINE": "1"},
+        "server": {"port": _free_port(), "startup_timeout_s": 600, "env": {"HF_HUB_OFFLINE": "1"},
                    # without it vLLM's CPU backend reserves most of the machine's memory for KV cache
                    "args": {"kv-cache-memory-bytes": "64M", "max-model-len": 512}},
         "configs": CONFIGS,
