@@ -9,9 +9,13 @@ reboots. `freeze()` SIGSTOPs the host's sshd: a peer that holds the link but nev
 No packet leaves this machine. Taking a link down deletes the kernel's connected route to its /24, and
 without a stand-in the address would then be routed out through the default gateway. So every host's
 /24 also has a `blackhole` route of a worse metric: it is never used while the link is up and takes
-over the moment it goes down, so the address stays unreachable. Inside a namespace there is only the
-link's own /24, no default route: nothing there has a path out either. Every cut checks both, before
-and after, with `ip route get` (`assert_contained`).
+over the moment it goes down, so the address stays unreachable. Behind those, the whole test range
+(10.213.0.0/16) has an `unreachable` route of the same worse metric that is never removed: once a host
+is gone (its veth, its blackhole), a process that still tries its address (a reconnect with backoff,
+a sweep a test left running) fails here instead of leaving by default. It wins only where nothing
+better exists, so a machine's own routes into that range keep working. Inside a namespace there is
+only the link's own /24, no default route: nothing there has a path out either. Every cut checks
+both, before and after, with `ip route get` (`assert_contained`), and so does every teardown.
 
     with netns_hosts(4, tmp_path) as hosts:
         transport = connect(hosts[0].host_spec())
@@ -49,7 +53,8 @@ from tests.sshd import Sshd
 # Namespaces are named PREFIX-<pid>-<serial>, so a session can tell its own from a dead session's.
 PREFIX = "harness-test"
 SUBNET = ipaddress.ip_network("10.213.0.0/16")
-# The blackhole stand-in's metric: worse than the connected route's 0, so used only while that is gone.
+# The stand-ins' metric (each /24's blackhole, the range's unreachable route): worse than a connected
+# route's 0, so used only where that is gone.
 BLACKHOLE_METRIC = "4242"
 _serials = itertools.count()  # unique names within this session, however many times hosts are made
 
@@ -134,13 +139,18 @@ class NetnsHost:
 
     def destroy(self) -> None:
         """Stop the sshd, delete the veth pair (now: the kernel drops a deleted namespace's own links
-        a little later), then the namespace."""
+        a little later), then the namespace and the blackhole; the range's backstop then holds the
+        address unreachable, which is checked."""
         if self.with_sshd:
             self.sshd.stop()
         subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
         _delete_namespace(self.netns)
         subprocess.run(["ip", "route", "del", "blackhole", self.subnet, "metric", BLACKHOLE_METRIC],
                        capture_output=True)
+        gone = _route_get(self.address)
+        if gone is not None:
+            raise AssertionError(f"{self.address} is routed by {gone} once its host is gone: "
+                                 "test traffic must never be routed off this machine")
 
 
 @contextlib.contextmanager
@@ -150,6 +160,7 @@ def netns_hosts(count: int, directory: Path, *, routed: bool = False,
     for another daemon, tests/slurm.py's slurmd); all gone on exit, even after a failure.
     `routed`: the hosts reach one another as well."""
     _require_netns()
+    _ip("route", "replace", "unreachable", str(SUBNET), "metric", BLACKHOLE_METRIC)
     _remove_stale_namespaces()
     hosts = [NetnsHost(i, directory / f"host{i}", octet, sshd=sshd)
              for i, octet in enumerate(_free_octets(count))]

@@ -22,7 +22,7 @@ from harness.errors import RemoteTimeout, UnreachableError
 from harness.transport import connect
 from harness.transport.base import KILL_BUDGET_S
 from harness.transport.tarpull import Staging, tar_command
-from tests.netns import BLACKHOLE_METRIC, netns_hosts
+from tests.netns import netns_hosts
 from tests.sshd import Sshd
 
 pytestmark = pytest.mark.e2e
@@ -69,18 +69,31 @@ def test_a_cut_link_leaves_the_address_unreachable_never_routed_out(host):
     assert connect(host.host_spec()).run("echo back", timeout=10).stdout == "back\n"
 
 
-def test_the_containment_check_catches_a_link_cut_without_its_stand_in_route(host):
-    """Without the blackhole, a cut routes the address out by default: the helper must refuse that
-    before any packet goes (nothing is connected to this host)."""
-    subprocess.run(["ip", "route", "del", "blackhole", host.subnet, "metric", BLACKHOLE_METRIC], check=True)
-    try:
-        subprocess.run(["ip", "link", "set", host.veth, "down"], check=True)
-        with pytest.raises(AssertionError, match="never be routed off this machine"):
-            host.assert_contained()
-    finally:
-        subprocess.run(["ip", "route", "replace", "blackhole", host.subnet, "metric", BLACKHOLE_METRIC],
-                       check=True)
-        host.link_up()
+def test_the_containment_check_catches_a_cut_link_routed_by_a_gateway(tmp_path):
+    """A cut link whose address a gateway takes over (as the default route would, without the
+    stand-ins) must be refused before any packet goes. The gateway here is the second test host,
+    whose namespace forwards nothing: nothing can leave even while the check is being tested."""
+    with netns_hosts(2, tmp_path) as (cut, other):
+        cut.link_down()
+        subprocess.run(["ip", "route", "add", cut.subnet, "via", other.address, "metric", "100"], check=True)
+        try:
+            with pytest.raises(AssertionError, match="never be routed off this machine"):
+                cut.assert_contained()
+        finally:
+            subprocess.run(["ip", "route", "del", cut.subnet, "via", other.address, "metric", "100"],
+                           check=True)
+            cut.link_up()
+
+
+def test_a_host_once_gone_is_unreachable_not_routed_out(tmp_path):
+    """After teardown (veth, namespace and blackhole gone) the range's backstop holds the address:
+    a process that still tries it fails on this machine."""
+    with netns_hosts(1, tmp_path) as (host,):
+        address = host.address
+    route = subprocess.run(["ip", "-j", "route", "get", address], capture_output=True, text=True)
+    assert route.returncode != 0, f"{address} is routed once its host is gone: {route.stdout}"
+    with pytest.raises(OSError), socket.create_connection((address, 22), timeout=2):
+        pass
 
 
 def assert_cut_off(transport, command: str) -> None:
