@@ -177,8 +177,14 @@ def netns_hosts(count: int, directory: Path, *, routed: bool = False,
                 host.assert_contained()
         yield hosts
     finally:
-        for host in hosts:
-            host.destroy()
+        leaks = []
+        for host in hosts:   # every host goes, even when one of them is found routed out
+            try:
+                host.destroy()
+            except AssertionError as e:
+                leaks.append(str(e))
+        if leaks:
+            raise AssertionError("; ".join(leaks))
 
 
 def _require_netns() -> None:
