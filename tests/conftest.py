@@ -50,6 +50,27 @@ def harness(*args: str, cwd: Path = REPO, env: dict | None = None, timeout: floa
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
+# --- no test sends a packet off this machine -----------------------------------------------------------
+
+_leak_watch = None
+
+
+def pytest_sessionstart(session):
+    """Watch this machine's own interfaces for packets to the test hosts' range (tests/leakwatch.py);
+    it takes root, as the namespace hosts do."""
+    global _leak_watch
+    if os.geteuid() == 0:
+        from tests.leakwatch import LeakWatch
+        _leak_watch = LeakWatch().__enter__()
+
+
+def _leaks() -> list[str]:
+    if _leak_watch is None:
+        return []
+    _leak_watch.stop()
+    return [str(leak) for leak in _leak_watch.leaks]
+
+
 # --- CI must never skip an end-to-end test ------------------------------------------------------------
 
 _skipped_e2e: list[str] = []
@@ -63,4 +84,7 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     if _skipped_e2e and os.environ.get("HARNESS_REQUIRE_E2E") == "1":
         print(f"\nend-to-end tests were skipped, which CI does not allow: {_skipped_e2e}")
+        session.exitstatus = 1
+    if leaks := _leaks():
+        print(f"\npackets to the test hosts' range left this machine ({len(leaks)}): {leaks[:20]}")
         session.exitstatus = 1

@@ -56,6 +56,7 @@ SUBNET = ipaddress.ip_network("10.213.0.0/16")
 # The stand-ins' metric (each /24's blackhole, the range's unreachable route): worse than a connected
 # route's 0, so used only where that is gone.
 BLACKHOLE_METRIC = "4242"
+VETH = r"hv\d+x\d+p?"    # this side's end of a host's veth pair, and its peer: hv<pid>x<serial>[p]
 _serials = itertools.count()  # unique names within this session, however many times hosts are made
 
 

@@ -22,7 +22,8 @@ from harness.errors import RemoteTimeout, UnreachableError
 from harness.transport import connect
 from harness.transport.base import KILL_BUDGET_S
 from harness.transport.tarpull import Staging, tar_command
-from tests.netns import netns_hosts
+from tests.leakwatch import LeakWatch
+from tests.netns import PREFIX, _free_octets, netns_hosts
 from tests.sshd import Sshd
 
 pytestmark = pytest.mark.e2e
@@ -234,3 +235,33 @@ def test_a_deadline_passing_mid_zstd_stream_is_raised_to_the_caller(tmp_path):
     with pytest.raises(TimeoutError), Staging(tmp_path / "local", label="late") as staging:
         staging.extract(read)
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+# -- the watch on this machine's own interfaces (tests/leakwatch.py) ---------------------------------
+
+def test_the_leak_watch_records_a_packet_to_the_test_range_leaving_by_a_watched_interface(tmp_path):
+    """A veth pair stands in for eth0 and what lies beyond it: what is sent by it ends in a namespace
+    of the test's own that takes nothing (no address there), yet it leaves by the watched interface
+    as a leak would. The watch names it; a packet to an address outside the range, sent the same way,
+    it lets be."""
+    (octet,) = _free_octets(1)
+    out, netns = f"hl{os.getpid()}"[:13], f"{PREFIX}-{os.getpid()}-watch"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    try:
+        subprocess.run(["ip", "link", "add", out, "type", "veth", "peer", "name", out + "p"], check=True)
+        subprocess.run(["ip", "link", "set", out + "p", "netns", netns, "up"], check=True)
+        subprocess.run(["ip", "addr", "add", f"10.213.{octet}.1/24", "dev", out], check=True)
+        subprocess.run(["ip", "link", "set", out, "up"], check=True)
+        subprocess.run(["ip", "route", "add", "198.51.100.200/32", "dev", out], check=True)  # TEST-NET-2
+        for address in (f"10.213.{octet}.9", "198.51.100.200"):   # sent at once, no ARP asked
+            subprocess.run(["ip", "neigh", "replace", address, "lladdr", "02:00:00:00:00:09", "dev", out,
+                            "nud", "permanent"], check=True)
+        with LeakWatch([out]) as watch, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.sendto(b"leak", (f"10.213.{octet}.9", 9))
+            udp.sendto(b"fine", ("198.51.100.200", 9))
+            time.sleep(0.3)
+        assert [(leak.interface, leak.destination, leak.protocol) for leak in watch.leaks] == \
+            [(out, f"10.213.{octet}.9", socket.IPPROTO_UDP)]
+    finally:
+        subprocess.run(["ip", "link", "del", out], capture_output=True)
+        subprocess.run(["ip", "netns", "del", netns], check=True)
