@@ -68,6 +68,8 @@ def _leaks() -> list[str]:
     if _leak_watch is None:
         return []
     _leak_watch.stop()
+    if _leak_watch.unwatched:
+        print(f"\nnot watched for packets to the test range: {', '.join(_leak_watch.unwatched)}")
     return [str(leak) for leak in _leak_watch.leaks]
 
 

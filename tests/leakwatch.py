@@ -53,9 +53,15 @@ class LeakWatch:
         self.subnet = subnet
         self.leaks: list[Leak] = []
         self._selector = selectors.DefaultSelector()
+        self.unwatched: list[str] = []   # interfaces that could not be read: said at the end
         for name in names:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
-            sock.bind((name, 0))
+            try:
+                sock.bind((name, 0))
+            except OSError as e:
+                sock.close()
+                self.unwatched.append(f"{name} ({e.strerror})")
+                continue
             self._selector.register(sock, selectors.EVENT_READ, sock)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leak-watch", daemon=True)
