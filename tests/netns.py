@@ -56,7 +56,7 @@ SUBNET = ipaddress.ip_network("10.213.0.0/16")
 # The stand-ins' metric (each /24's blackhole, the range's unreachable route): worse than a connected
 # route's 0, so used only where that is gone.
 BLACKHOLE_METRIC = "4242"
-VETH = r"hv\d+x\d+p?"    # this side's end of a host's veth pair, and its peer: hv<pid>x<serial>[p]
+VETH = r"hv\d+x\d+p?"    # a host's veth pair: this side hv<pid>x<serial>, the peer with a "p" after
 _serials = itertools.count()  # unique names within this session, however many times hosts are made
 
 
@@ -68,7 +68,7 @@ class NetnsHost:
         self.name = f"host{index}"
         serial = next(_serials)
         self.netns = f"{PREFIX}-{os.getpid()}-{serial}"
-        self.veth = f"hv{os.getpid()}x{serial}"  # this side's end; Linux allows 15 characters
+        self.veth = f"hv{os.getpid()}x{serial}"  # this side's end (VETH); Linux allows 15 characters
         self._peer = f"{self.veth}p"
         self.gateway = f"10.213.{octet}.1"
         self.address = f"10.213.{octet}.2"

@@ -23,7 +23,7 @@ from harness.transport import connect
 from harness.transport.base import KILL_BUDGET_S
 from harness.transport.tarpull import Staging, tar_command
 from tests.leakwatch import LeakWatch
-from tests.netns import PREFIX, _free_octets, netns_hosts
+from tests.netns import _ip, netns_hosts
 from tests.sshd import Sshd
 
 pytestmark = pytest.mark.e2e
@@ -240,28 +240,17 @@ def test_a_deadline_passing_mid_zstd_stream_is_raised_to_the_caller(tmp_path):
 # -- the watch on this machine's own interfaces (tests/leakwatch.py) ---------------------------------
 
 def test_the_leak_watch_records_a_packet_to_the_test_range_leaving_by_a_watched_interface(tmp_path):
-    """A veth pair stands in for eth0 and what lies beyond it: what is sent by it ends in a namespace
-    of the test's own that takes nothing (no address there), yet it leaves by the watched interface
-    as a leak would. The watch names it; a packet to an address outside the range, sent the same way,
-    it lets be."""
-    (octet,) = _free_octets(1)
-    out, netns = f"hl{os.getpid()}"[:13], f"{PREFIX}-{os.getpid()}-watch"
-    subprocess.run(["ip", "netns", "add", netns], check=True)
-    try:
-        subprocess.run(["ip", "link", "add", out, "type", "veth", "peer", "name", out + "p"], check=True)
-        subprocess.run(["ip", "link", "set", out + "p", "netns", netns, "up"], check=True)
-        subprocess.run(["ip", "addr", "add", f"10.213.{octet}.1/24", "dev", out], check=True)
-        subprocess.run(["ip", "link", "set", out, "up"], check=True)
-        subprocess.run(["ip", "route", "add", "198.51.100.200/32", "dev", out], check=True)  # TEST-NET-2
-        for address in (f"10.213.{octet}.9", "198.51.100.200"):   # sent at once, no ARP asked
-            subprocess.run(["ip", "neigh", "replace", address, "lladdr", "02:00:00:00:00:09", "dev", out,
-                            "nud", "permanent"], check=True)
-        with LeakWatch([out]) as watch, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.sendto(b"leak", (f"10.213.{octet}.9", 9))
+    """A test host's veth stands in for eth0: what is sent by it ends in the host's namespace, which
+    takes nothing not addressed to it, yet it leaves by the watched interface as a leak would. The
+    watch names it; a packet to an address outside the range, sent the same way, it lets be."""
+    with netns_hosts(1, tmp_path, sshd=False) as (host,):
+        stray = host.subnet.replace(".0/24", ".9")
+        _ip("route", "add", "198.51.100.200/32", "dev", host.veth)   # TEST-NET-2, into the namespace too
+        for address in (stray, "198.51.100.200"):   # sent at once, no ARP asked
+            _ip("neigh", "replace", address, "lladdr", "02:00:00:00:00:09", "dev", host.veth, "nud", "permanent")
+        with LeakWatch([host.veth]) as watch, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.sendto(b"leak", (stray, 9))
             udp.sendto(b"fine", ("198.51.100.200", 9))
             time.sleep(0.3)
-        assert [(leak.interface, leak.destination, leak.protocol) for leak in watch.leaks] == \
-            [(out, f"10.213.{octet}.9", socket.IPPROTO_UDP)]
-    finally:
-        subprocess.run(["ip", "link", "del", out], capture_output=True)
-        subprocess.run(["ip", "netns", "del", netns], check=True)
+    assert [(leak.interface, leak.destination, leak.protocol) for leak in watch.leaks] == \
+        [(host.veth, stray, socket.IPPROTO_UDP)]
