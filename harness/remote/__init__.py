@@ -5,6 +5,8 @@ telemetry sampler (`telemetry.py`) and the text formats it reads (`exposition.py
 wrapper (`torchprof.py`), and the `__main__.py` that dispatches to them. They ship as one zipapp,
 `harness.pyz`, built here in memory with bytes that depend on those sources alone, uploaded once per
 connection into a directory named by its sha256, so every run of a sweep uses exactly the same bytes.
+Its `__main__.py` (`_bootstrap.py`) unpacks it once beside itself, so that the host's Python keeps
+the tools' bytecode instead of compiling them at every start.
 `tool_command` is the one way to build a command line that runs a tool there:
 `PYTHON TOOLS/harness.pyz agent probe ...`.
 """
@@ -33,17 +35,17 @@ _OK, _FOREIGN, _OPEN = "__harness_workdir__", "__harness_workdir_foreign__", "__
 _SUM = "__harness_sha256__:"
 _EPOCH = (1980, 1, 1, 0, 0, 0)   # the earliest time a zip entry can carry: one for every entry
 _INIT = b'"""The tools of the harness on a GPU host (agent, bench, telemetry, torchprof), shipped as one zipapp."""\n'
-_MAIN = f"import sys\n\nfrom {PACKAGE}.__main__ import main\n\nsys.exit(main())\n".encode()
 
 
 @cache
 def zipapp() -> bytes:
-    """The zipapp's bytes: the shipped modules as the package `harness_host`, and a `__main__.py` that
-    runs its dispatcher. They depend on the sources alone (entries sorted, one fixed timestamp and mode,
-    stored uncompressed: another zlib could compress the same bytes differently), so the sha256 that
-    names the remote directory is the same on every machine with this harness."""
+    """The zipapp's bytes: the shipped modules as the package `harness_host`, and a `__main__.py`
+    (`_bootstrap.py`) that runs its dispatcher from the unpacked copy. They depend on the sources alone
+    (entries sorted, one fixed timestamp and mode, stored uncompressed: another zlib could compress the
+    same bytes differently), so the sha256 that names the remote directory is the same on every machine
+    with this harness."""
     here = Path(__file__).resolve().parent
-    files = {"__main__.py": _MAIN, f"{PACKAGE}/__init__.py": _INIT}
+    files = {"__main__.py": (here / "_bootstrap.py").read_bytes(), f"{PACKAGE}/__init__.py": _INIT}
     files |= {f"{PACKAGE}/{name}": (here / name).read_bytes() for name in SHIPPED}
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 from harness.sim import flags, knobs
-from harness.sim.server import serve
 
 USAGE = "usage: python -m harness.sim {sglang,vllm} ARGS...\n"
 
@@ -26,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     except knobs.KnobError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    # imported here: the flag listing (`--help`, above) needs no server (asyncio: 40 ms a start)
+    from harness.sim.server import serve
     return serve(engine, ns, settings)
 
 

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -119,6 +120,69 @@ def test_every_tool_is_reached_through_main(pyz, tmp_path):
         assert wrong.returncode == 2 and said in wrong.stderr and "agent,bench,torchprof" in wrong.stderr
 
 
+def copies(pyz: Path) -> list[str]:
+    return sorted(p.name for p in pyz.parent.iterdir() if p.name.startswith(".harness_host-"))
+
+
+def test_the_tools_run_from_a_copy_unpacked_beside_the_zipapp_where_their_bytecode_is_kept(pyz, tmp_path):
+    probe = ("agent", "probe", "--port", str(free_port()), "--dir", str(tmp_path / "run"))
+    first = run_isolated(pyz, *probe, cwd=tmp_path)
+    assert first.returncode == 0 and json.loads(first.stdout)["port_free"], first.stderr
+    [name] = copies(pyz)
+    compiled = list((pyz.parent / name / PACKAGE / "__pycache__").glob("agent.*.pyc"))
+    assert len(compiled) == 1   # imported from the copy, not from the zip (which keeps no bytecode)
+    made = compiled[0].stat().st_mtime_ns
+    again = run_isolated(pyz, *probe, cwd=tmp_path)
+    assert again.returncode == 0 and json.loads(again.stdout)["port_free"], again.stderr
+    assert copies(pyz) == [name] and compiled[0].stat().st_mtime_ns == made   # the same copy, not compiled again
+
+
+def test_the_bytecode_is_kept_where_the_environment_says_to_write_none(pyz, tmp_path):
+    """Container images often set PYTHONDONTWRITEBYTECODE: the copy is the harness's own, so it keeps
+    the tools' bytecode regardless (the real H200 image sets it)."""
+    done = subprocess.run([sys.executable, str(pyz), "agent", "stop"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.stderr.startswith("usage: agent stop")
+    [name] = copies(pyz)
+    assert list((pyz.parent / name / PACKAGE / "__pycache__").glob("agent.*.pyc"))
+
+
+def test_a_zipapp_with_other_bytes_gets_a_copy_of_its_own(pyz, tmp_path):
+    assert run_isolated(pyz, "agent", "stop", cwd=tmp_path).stderr.startswith("usage: agent stop")
+    changed = io.BytesIO()
+    with zipfile.ZipFile(pyz) as old, zipfile.ZipFile(changed, "w") as new:
+        for entry in old.infolist():
+            data = old.read(entry)
+            if entry.filename == f"{PACKAGE}/__main__.py":
+                data = b"def main():\n    print('the other bytes')\n    return 0\n"
+            new.writestr(entry, data)
+    pyz.write_bytes(changed.getvalue())
+    done = run_isolated(pyz, "agent", "stop", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "the other bytes\n"), done.stderr
+    assert len(copies(pyz)) == 2
+
+
+def test_where_no_copy_can_be_made_the_tools_run_from_the_zip(pyz, tmp_path):
+    run_isolated(pyz, "agent", "stop", cwd=tmp_path)
+    [name] = copies(pyz)
+    shutil.rmtree(pyz.parent / name)
+    (pyz.parent / name).write_text("in the way")   # a file where the copy would go: it cannot be renamed there
+    done = run_isolated(pyz, "agent", "probe", "--port", str(free_port()), "--dir", str(tmp_path / "run"),
+                        cwd=tmp_path)
+    assert done.returncode == 0 and json.loads(done.stdout)["port_free"], done.stderr
+    assert [p.name for p in pyz.parent.iterdir() if ".part-" in p.name] == []   # the half-made copy removed
+
+
+def test_tools_starting_at_once_on_a_fresh_host_share_one_whole_copy(pyz, tmp_path):
+    starts = [subprocess.Popen([sys.executable, "-I", str(pyz), "agent", "probe", "--port", str(free_port()),
+                                "--dir", str(tmp_path / f"run{i}")], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"}) for i in range(6)]
+    for start in starts:
+        out, err = start.communicate(timeout=120)
+        assert start.returncode == 0 and json.loads(out)["port_free"], err
+    assert len(copies(pyz)) == 1
+
+
 def test_the_command_line_quotes_every_word_and_runs(tmp_path):
     tools = tmp_path / "it's a $(dir)"
     tools.mkdir()
@@ -130,12 +194,13 @@ def test_the_command_line_quotes_every_word_and_runs(tmp_path):
 
 
 def test_what_ships_runs_on_the_oldest_python_a_host_has_and_imports_only_the_standard_library():
-    for name in SHIPPED:
+    for name in (*SHIPPED, "_bootstrap.py"):   # the last is the zipapp's __main__.py
         tree = ast.parse((HERE / name).read_text(), name, feature_version=(3, 9))
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree)
                      if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
-        assert imported - {"torch"} <= sys.stdlib_module_names, f"{name} imports {imported - sys.stdlib_module_names}"
+        ours = {"torch", PACKAGE}   # torch only where the engine has it; the package is the zipapp's own
+        assert imported - ours <= sys.stdlib_module_names, f"{name} imports {imported - sys.stdlib_module_names}"
         relative = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
         siblings = {n.module or a.name for n in relative for a in n.names}   # `from .x import` or `from . import x`
         assert {f"{s}.py" for s in siblings} <= set(SHIPPED), f"{name} imports a module that does not ship"
