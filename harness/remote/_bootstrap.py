@@ -39,7 +39,12 @@ def unpacked(pyz):
 if __name__ == "__main__":
     sys.path[0] = unpacked(sys.path[0])
     # PYTHONDONTWRITEBYTECODE (container images often set it) would keep the copy without bytecode; the
-    # copy is the harness's own, in its own workdir, so the tools' bytecode is written there regardless.
-    sys.dont_write_bytecode = False
-    from harness_host.__main__ import main  # type: ignore[import-not-found]  # the zipapp's own package
+    # copy is the harness's own, in its own workdir, so the tool's bytecode is written there regardless.
+    # What the tool imports after (torchprof runs the engine's server in this process) keeps the host's
+    # setting.
+    host_setting, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    from harness_host.__main__ import TOOLS, main  # type: ignore[import-not-found]  # the zipapp's own package
+    if sys.argv[1:2] and sys.argv[1] in TOOLS:
+        __import__("harness_host." + sys.argv[1])
+    sys.dont_write_bytecode = host_setting
     sys.exit(main())

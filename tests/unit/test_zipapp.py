@@ -145,6 +145,16 @@ def test_the_bytecode_is_kept_where_the_environment_says_to_write_none(pyz, tmp_
     assert done.stderr.startswith("usage: agent stop")
     [name] = copies(pyz)
     assert list((pyz.parent / name / PACKAGE / "__pycache__").glob("agent.*.pyc"))
+    # what a tool runs in its own process (torchprof: the engine's server) keeps the host's setting
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "server.py").write_text("import helper\nprint(helper.ANSWER)\n")
+    (engine / "helper.py").write_text("ANSWER = 42\n")
+    ran = subprocess.run([sys.executable, str(pyz), "torchprof", "--dir", str(tmp_path / "p"), "--", "-m", "server"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(engine)})
+    assert (ran.returncode, ran.stdout.strip()) == (0, "42"), ran.stderr
+    assert not (engine / "__pycache__").exists()
 
 
 def test_a_zipapp_with_other_bytes_gets_a_copy_of_its_own(pyz, tmp_path):
@@ -154,7 +164,7 @@ def test_a_zipapp_with_other_bytes_gets_a_copy_of_its_own(pyz, tmp_path):
         for entry in old.infolist():
             data = old.read(entry)
             if entry.filename == f"{PACKAGE}/__main__.py":
-                data = b"def main():\n    print('the other bytes')\n    return 0\n"
+                data = b"TOOLS = ()\n\ndef main():\n    print('the other bytes')\n    return 0\n"
             new.writestr(entry, data)
     pyz.write_bytes(changed.getvalue())
     done = run_isolated(pyz, "agent", "stop", cwd=tmp_path)
