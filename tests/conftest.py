@@ -4,6 +4,7 @@ way to run the real `harness` command."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,7 +58,14 @@ _leak_watch = None
 
 def pytest_sessionstart(session):
     """Watch this machine's own interfaces for packets to the test hosts' range (tests/leakwatch.py);
-    it takes root, as the namespace hosts do."""
+    it takes root, as the namespace hosts do.
+
+    And take Ctrl-C again where the run was started without it: a shell script's background job starts
+    with SIGINT ignored, every process it starts inherits that through exec, and then the tests that
+    interrupt a sweep would find it deaf (they failed so, started by `cmd &` from a script). A handler
+    of our own is reset to the default at exec, so the sweeps the tests start take SIGINT again."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     global _leak_watch
     if os.geteuid() == 0:
         from tests.leakwatch import LeakWatch
