@@ -51,6 +51,15 @@ def harness(*args: str, cwd: Path = REPO, env: dict | None = None, timeout: floa
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
+# --- the sweeps the tests interrupt hear Ctrl-C ---------------------------------------------------------
+# A shell script's background job starts with SIGINT ignored, every process it starts inherits that
+# through exec, and the tests that interrupt a sweep would find it deaf (they failed so, started by
+# `cmd &` from a script). A handler of our own is reset to the default at exec instead.
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # --- no test sends a packet off this machine -----------------------------------------------------------
 
 _leak_watch = None
@@ -58,14 +67,7 @@ _leak_watch = None
 
 def pytest_sessionstart(session):
     """Watch this machine's own interfaces for packets to the test hosts' range (tests/leakwatch.py);
-    it takes root, as the namespace hosts do.
-
-    And take Ctrl-C again where the run was started without it: a shell script's background job starts
-    with SIGINT ignored, every process it starts inherits that through exec, and then the tests that
-    interrupt a sweep would find it deaf (they failed so, started by `cmd &` from a script). A handler
-    of our own is reset to the default at exec, so the sweeps the tests start take SIGINT again."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    it takes root, as the namespace hosts do."""
     global _leak_watch
     if os.geteuid() == 0:
         from tests.leakwatch import LeakWatch
