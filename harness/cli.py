@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import gc
 import json
 import os
 import sys
@@ -426,4 +427,9 @@ def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    finally:
+        # The command is over: what it and its imports made is left to the process's end, not walked
+        # by the interpreter's last garbage collection (0.1-0.15 s of every command otherwise).
+        gc.freeze()

@@ -12,6 +12,7 @@ the same context, so a typo there fails before any host is touched.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -113,13 +114,32 @@ def environment(template_dir: Path | None = None) -> jinja2.Environment:
 _STRINGS = environment()
 
 
+# A sweep renders every run for every host it may land on before it starts (a typo fails before any
+# host), and each run again when it starts: the same few sources, compiled once each. Compiling is
+# most of a render (a 4-host sweep of 8 configurations compiled its template 64 times at startup).
+# Keyed by the source itself, so a template edited on disk is read and compiled anew.
+@functools.lru_cache(maxsize=256)
+def _compiled_string(text: str) -> jinja2.Template:
+    return _STRINGS.from_string(text)
+
+
+@functools.lru_cache(maxsize=16)
+def _template_environment(template_dir: Path) -> jinja2.Environment:
+    return environment(template_dir)   # its loader keeps what it includes, checked against the file's mtime
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_template(template_dir: Path, source: str) -> jinja2.Template:
+    return _template_environment(template_dir).from_string(source)
+
+
 def render_string(text: str, context: Mapping[str, Any], *, where: str, file: str | None = None,
                   line: int | None = None) -> str:
     """Render a template-valued setting; an undefined name is an InputError naming the key."""
     if "{{" not in text and "{%" not in text:
         return text
     try:
-        return _STRINGS.from_string(text).render(context)
+        return _compiled_string(text).render(context)
     except jinja2.UndefinedError as e:
         raise InputError(undefined(e, context), file=file, key=where, line=line) from None
     except jinja2.TemplateError as e:
@@ -132,7 +152,7 @@ def render_template(path: Path, context: Mapping[str, Any]) -> str:
     except OSError as e:
         raise InputError(f"cannot read the launch template: {e.strerror}", file=str(path)) from None
     try:
-        return environment(path.parent).from_string(source).render(context)
+        return _compiled_template(path.parent, source).render(context)
     except jinja2.UndefinedError as e:
         raise InputError(undefined(e, context), file=str(path), line=_template_line(e)) from None
     except jinja2.TemplateSyntaxError as e:

@@ -1,6 +1,7 @@
 """Playbooks, rendering and the plan: every value quoted, every mistake named before any host."""
 
 import hashlib
+import os
 import shlex
 
 import pytest
@@ -91,6 +92,27 @@ def test_a_torch_window_template_runs_the_zipapps_torchprof_however_it_quotes(fi
     tools = f"/tmp/it's a $(dir)/.harness/{harness.__version__}-{hashlib.sha256(zipapp()).hexdigest()[:12]}"
     assert shlex.split(script.strip()) == ["exec", "python", f"{tools}/harness.pyz", "torchprof", "--dir",
                                            "/tmp/it's a $(dir)/s1/tp8-1/profile", "--", "-m", "tinyserve"]
+
+
+def test_a_template_and_what_it_includes_are_read_again_when_edited(files, tmp_path):
+    """Compiled templates are kept for the process (a sweep renders every run on every host): an edit
+    on disk, to the template or to a file it includes, is still what the next render uses."""
+    template, part = tmp_path / "own.sh.j2", tmp_path / "part.sh.j2"
+    template.write_text("#!/bin/bash\necho first {{ config.name }}\n{% include 'part.sh.j2' %}\n")
+    part.write_text("echo part one\n")
+    pb, inv = files(PLAYBOOK + f"template: {template}\n")
+
+    def script() -> str:
+        sweep = load_sweep(pb, inv, sweep_id="s1")
+        return sweep.render(sweep.runs[0], sweep.runs[0].hosts[0]).script
+
+    assert script() == "#!/bin/bash\necho first tp8\necho part one\n"
+    assert script() == "#!/bin/bash\necho first tp8\necho part one\n"
+    template.write_text("#!/bin/bash\necho second {{ config.name }}\n{% include 'part.sh.j2' %}\n")
+    part.write_text("echo part two\n")
+    later = part.stat().st_mtime + 10   # a whole-second clock must not hide the edit
+    os.utime(part, (later, later))
+    assert script() == "#!/bin/bash\necho second tp8\necho part two\n"
 
 
 def test_secrets_never_reach_the_script(files):
