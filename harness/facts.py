@@ -54,6 +54,25 @@ def _cuda(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+# The venv's packages: `pip freeze`, or where the venv has no pip (uv makes venvs without it unless
+# seeded), the distributions Python itself finds, in the same `name==version` lines under a comment
+# that says so. Either way the run's folder keeps what was installed.
+_PACKAGES = "python -m pip freeze 2>/dev/null || python -c " + shlex.quote(
+    "import importlib.metadata as m\n"
+    "print('# no pip in this venv: the distributions that importlib.metadata finds')\n"
+    "names = set()\n"
+    "for d in m.distributions():\n"
+    "    name = d.metadata.get('Name')\n"
+    "    if name:\n"
+    "        names.add(name + '==' + str(d.version))\n"
+    "print('\\n'.join(sorted(names, key=str.lower)))")
+
+
+def _requirements(text: str) -> int | None:
+    """How many packages a pip_freeze lists (its comments left out)."""
+    return sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#")) or None
+
+
 def facts_for(engine: Engine) -> list[Fact]:
     return [fact for fact in _facts(engine) if engine.module or fact.name != "engine_git"]
 
@@ -70,7 +89,7 @@ def _facts(engine: Engine) -> list[Fact]:
                            "print(os.path.dirname(u.find_spec(sys.argv[1]).origin))' "
                            f"{shlex.quote(engine.module)}) && git -C \"$d\" rev-parse HEAD && "
                            "git -C \"$d\" status --porcelain | head -20", _git),
-        Fact("pip_freeze", "python -m pip freeze", lambda t: len(t.splitlines()) or None),
+        Fact("pip_freeze", _PACKAGES, _requirements),
         # names that look secret are left out at the source (see harness.secrets)
         Fact("env", f"env | grep -E '^({'|'.join(ENV_PREFIXES + [p.rstrip('_') for p in env_prefixes()])})_' "
                     "| grep -viE '^[^=]*(TOKEN|SECRET|PASSWORD|KEY)[^=]*=' | sort", _env),

@@ -75,3 +75,38 @@ def test_the_engine_version_comes_from_its_metadata_and_the_import_only_without(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ("1.2.3" if installed else "2.0-from-import")
     assert (package / "imported").exists() is not installed
+
+
+def _packages_fact() -> Fact:
+    from harness.engines import get_engine
+    from harness.facts import facts_for
+    return next(f for f in facts_for(get_engine("vllm", None)) if f.name == "pip_freeze")
+
+
+@pytest.mark.parametrize("with_pip", [True, False], ids=["pip", "no-pip"])
+def test_the_venvs_packages_are_listed_with_pip_or_without_it(tmp_path, with_pip):
+    """A venv made by uv has no pip unless seeded: its packages are still listed, name==version, from
+    the distributions Python finds, under a comment that says so."""
+    site = tmp_path / "site"
+    info = site / "fakeengine-1.2.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeengine\nVersion: 1.2.3\n")
+    if with_pip:
+        bin_dir = Path(sys.executable).parent   # the tests' own venv, which has pip
+    else:
+        venv = tmp_path / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        bin_dir = venv / "bin"
+    facts_dir = tmp_path / "facts"
+    facts_dir.mkdir()
+    fact = _packages_fact()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
+    subprocess.run(["bash", "-c", collect_script([fact], str(facts_dir))], check=True, timeout=120, env=env,
+                   cwd=tmp_path)
+    listed = (facts_dir / "pip_freeze.txt").read_text()
+    assert "fakeengine==1.2.3" in listed.splitlines()
+    assert ("# no pip in this venv" in listed) is not with_pip
+    assert "No module named pip" not in listed
+    packages = [line for line in listed.splitlines() if line and not line.startswith("#")]
+    assert len(packages) >= (10 if with_pip else 1)
+    assert parse_facts([fact], facts_dir)["pip_freeze"] == f"{len(packages)} packages (facts/pip_freeze.txt)"
