@@ -28,7 +28,7 @@ def preflight(ctx: RunContext) -> Probe:
     # What cannot change between runs of one sweep on one host (the engine imports, its flags, the host's
     # facts) is found once and kept beside the runs: importing a real engine and listing its flags take
     # seconds each, every run.
-    kept = HostCache.of(ctx.host.workdir, ctx.sweep.sweep_id)
+    kept = HostCache.of(ctx.host.workdir, ctx.sweep.sweep_id, ctx.host.name)
     cache, listed, facts_dir = q(kept.root), q(kept.help), q(kept.facts)
     # The probe marks the host once the engine imports (--imported); later runs ask for no import.
     module = f"$([ -f {q(kept.imported)} ] || echo {q(engine.module)})" if engine.module else ""

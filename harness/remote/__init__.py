@@ -142,7 +142,8 @@ def install(transport, workdir: str, *, host: str = "") -> Installed:
     data = zipapp()
     digest = hashlib.sha256(data).hexdigest()
     # The sum is printed once the file is in its place, or when it differs (and the file is dropped).
-    upload = (f'w="$d"/{shlex.quote(_tools_subdir())} && t="$w/{ZIPAPP}.tmp-$$" && mkdir -p "$w" && '
+    # mktemp: a name no other upload takes, on this host or another sharing the workdir (NFS homes)
+    upload = (f'w="$d"/{shlex.quote(_tools_subdir())} && mkdir -p "$w" && t=$(mktemp "$w/{ZIPAPP}.tmp-XXXXXXXX") && '
               f'(umask 077 && cat > "$t") && chmod 644 "$t" && s=$(sha256sum < "$t") && s=${{s%% *}} && '
               f'if [ "$s" = {digest} ]; then mv -f "$t" "$w"/{ZIPAPP} && echo "{_SUM}$s"; '
               f'else rm -f "$t"; echo "{_SUM}$s"; fi; {_PRUNE}')

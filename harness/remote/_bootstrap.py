@@ -25,14 +25,18 @@ def unpacked(pyz):
     if os.path.isdir(here):
         return here
     import shutil
+    import tempfile
     import zipfile
-    part = "%s.part-%d" % (here, os.getpid())
+    part = ""
     try:
+        # a name no other start takes, on this host or on another sharing the folder (a home on NFS)
+        part = tempfile.mkdtemp(prefix=os.path.basename(here) + ".part-", dir=os.path.dirname(here))
         with zipfile.ZipFile(pyz) as z:
             z.extractall(part, [name for name in z.namelist() if name.startswith("harness_host/")])
         os.rename(part, here)
     except (OSError, zipfile.BadZipFile):
-        shutil.rmtree(part, ignore_errors=True)   # another start's copy won the rename, or none could be made
+        if part:   # another start's copy won the rename, or none could be made
+            shutil.rmtree(part, ignore_errors=True)
     return here if os.path.isdir(here) else pyz
 
 

@@ -5,7 +5,8 @@
                                                  a search's search.json and study.db
         runs/<run_id>/             RunLayout     manifest.json, launch.sh, server.log, bench.json, ...
     WORKDIR/<sweep_id>/<run_id>/   HostRunLayout the same run folder on its host, pulled whole
-    WORKDIR/<sweep_id>/.host/      HostCache     what the sweep's runs on a host find once: the engine
+    WORKDIR/<sweep_id>/.host/<host>/
+                                   HostCache     what the sweep's runs on a host find once: the engine
                                                  imported, its flag listing, the host's facts
 
 A run folder has the same names on the host and, once collected, here (what the host wrote is what
@@ -165,11 +166,13 @@ class HostRunLayout(_There):
 
 @dataclass(frozen=True)
 class HostCache(_There):
-    """What the runs of one sweep on one host find once and share: WORKDIR/<sweep_id>/.host."""
+    """What the runs of one sweep on one host find once and share: WORKDIR/<sweep_id>/.host/<host>,
+    named by the inventory's host, since hosts may share a workdir (a home directory on NFS): each
+    keeps its own facts and its own venv's flag listing."""
 
     @classmethod
-    def of(cls, workdir: str, sweep_id: str) -> HostCache:
-        return cls(f"{workdir.rstrip('/')}/{sweep_id}/{HostFiles.CACHE}")
+    def of(cls, workdir: str, sweep_id: str, host: str) -> HostCache:
+        return cls(f"{workdir.rstrip('/')}/{sweep_id}/{HostFiles.CACHE}/{host}")
 
     imported = _Named[str](HostFiles.IMPORTED)
     help = _Named[str](HostFiles.HELP)

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import harness
+from tests.remote_venv import make_remote_venv
 
 FAST = {"HARNESS_SIM_TIME_SCALE": "0.02", "HARNESS_SIM_STARTUP_S": "0.5"}
 
@@ -162,7 +163,7 @@ def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inve
     """A first run's preflight lists the engine's flags, collects the host's facts and probes at once. The
     flag listing here lists flags only once the facts collection has begun writing: one after the other
     (the listing first), it would give up after a minute and list nothing, which fails the preflight."""
-    facts = tmp_path / "remote-work" / "*" / ".host" / "facts*" / "kernel.txt"
+    facts = tmp_path / "remote-work" / "*" / ".host" / "node1" / "facts*" / "kernel.txt"
     listing = (f"for _ in $(seq 600); do ls {facts} >/dev/null 2>&1 && break; sleep 0.1; done; "
                f"ls {facts} >/dev/null 2>&1 && python -m sglang.launch_server --help")
     pb = yaml.safe_load(playbook(tmp_path, configs=[{"name": "one"}], profile="none").read_text())
@@ -173,7 +174,30 @@ def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inve
     assert run.returncode == 0 and m["status"] == "ok", (m.get("error"), run.stderr[-2000:])
     assert m["facts"]["kernel"] and m["facts"]["python"]
     # the probe marked the host once the engine imported: the host's later runs skip the import
-    assert len(list((tmp_path / "remote-work").glob("*/.host/module.ok"))) == 1
+    assert len(list((tmp_path / "remote-work").glob("*/.host/node1/module.ok"))) == 1
+
+
+def test_hosts_that_share_a_workdir_keep_their_own_facts_and_flag_listing(tmp_path, ssh_inventory, remote_venv):
+    """Two hosts, one workdir (as a home directory on NFS is), each with a venv of its own: what the
+    sweep finds once on a host (facts, the engine's flag listing) is that host's, not the other's."""
+    own = make_remote_venv(tmp_path / "own-venv", engines=("sglang",))
+    (site,) = own.glob("lib/python*/site-packages")
+    info = site / "onlyhere-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onlyhere\nVersion: 1.0\n")
+    inv = yaml.safe_load(ssh_inventory().read_text())
+    inv["all"]["hosts"]["localhost"]["venv"] = str(own)        # node1 keeps the shared remote venv
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inv))
+    pb = playbook(tmp_path, configs=[{"name": "one"}], profile="none", hosts="localhost,node1", placement="each")
+    run = harness("sweep", pb, "-i", tmp_path / "inventory.yaml", "-o", tmp_path / "r")
+    ms = manifests(tmp_path / "r")
+    assert run.returncode == 0 and sorted(ms) == ["one-localhost-1", "one-node1-1"], run.stderr[-2000:]
+    packages = {name: (sweep_dir(tmp_path / "r") / "runs" / name / "facts" / "pip_freeze.txt").read_text().split()
+                for name in ms}
+    assert "onlyhere==1.0" in packages["one-localhost-1"]
+    assert "onlyhere==1.0" not in packages["one-node1-1"]
+    assert ms["one-localhost-1"]["facts"]["pip_freeze"] != ms["one-node1-1"]["facts"]["pip_freeze"]
+    assert sorted(p.name for p in (tmp_path / "remote-work").glob("*/.host/*")) == ["localhost", "node1"]
 
 
 def test_a_server_that_runs_out_of_memory_fails_fast_as_oom_with_its_log(tmp_path, ssh_inventory):
