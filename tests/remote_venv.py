@@ -47,3 +47,10 @@ def make_remote_venv(path: Path, *, engines: tuple[str, ...] = ("sglang", "vllm"
         script.write_text(VLLM_SCRIPT.format(python=path / "bin" / "python"))
         script.chmod(0o755)
     return path
+
+
+def plant_distribution(site: Path, name: str, version: str) -> None:
+    """An installed distribution as Python's metadata finds it (a dist-info folder), with no code."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import harness
-from tests.remote_venv import make_remote_venv
+from tests.remote_venv import make_remote_venv, plant_distribution
 
 FAST = {"HARNESS_SIM_TIME_SCALE": "0.02", "HARNESS_SIM_STARTUP_S": "0.5"}
 
@@ -141,7 +141,6 @@ def test_a_missing_venv_is_a_preflight_failure_that_says_so(tmp_path, ssh_invent
 
 
 def test_an_engine_missing_from_the_venv_is_named_with_host_and_venv(tmp_path, ssh_inventory):
-    from tests.remote_venv import make_remote_venv
     venv = make_remote_venv(tmp_path / "sglang-only", engines=("sglang",))
     run = harness("sweep", playbook(tmp_path, engine="vllm", configs=[{"name": "one"}]), "-i",
                   ssh_inventory(venv=str(venv)), "-o", tmp_path / "r")
@@ -177,14 +176,12 @@ def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inve
     assert len(list((tmp_path / "remote-work").glob("*/.host/node1/module.ok"))) == 1
 
 
-def test_hosts_that_share_a_workdir_keep_their_own_facts_and_flag_listing(tmp_path, ssh_inventory, remote_venv):
+def test_hosts_that_share_a_workdir_keep_their_own_facts_and_flag_listing(tmp_path, ssh_inventory):
     """Two hosts, one workdir (as a home directory on NFS is), each with a venv of its own: what the
     sweep finds once on a host (facts, the engine's flag listing) is that host's, not the other's."""
     own = make_remote_venv(tmp_path / "own-venv", engines=("sglang",))
     (site,) = own.glob("lib/python*/site-packages")
-    info = site / "onlyhere-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onlyhere\nVersion: 1.0\n")
+    plant_distribution(site, "onlyhere", "1.0")
     inv = yaml.safe_load(ssh_inventory().read_text())
     inv["all"]["hosts"]["localhost"]["venv"] = str(own)        # node1 keeps the shared remote venv
     (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inv))

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.engines import get_engine
 from harness.engines.base import Engine
-from harness.facts import Fact, collect_script, parse_facts
+from harness.facts import Fact, collect_script, facts_for, parse_facts
+from tests.remote_venv import plant_distribution
 
 
 def run(script: str) -> None:
@@ -66,9 +68,7 @@ def test_the_engine_version_comes_from_its_metadata_and_the_import_only_without(
     (package / "__init__.py").write_text("import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n"
                                          "__version__ = '2.0-from-import'\n")
     if installed:
-        info = tmp_path / "fakeengine-1.2.3.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeengine\nVersion: 1.2.3\n")
+        plant_distribution(tmp_path, "fakeengine", "1.2.3")
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path)}
     command = Engine.version_from("fakeengine", distribution="fakeengine")
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=60)
@@ -78,8 +78,6 @@ def test_the_engine_version_comes_from_its_metadata_and_the_import_only_without(
 
 
 def _packages_fact() -> Fact:
-    from harness.engines import get_engine
-    from harness.facts import facts_for
     return next(f for f in facts_for(get_engine("vllm", None)) if f.name == "pip_freeze")
 
 
@@ -88,9 +86,7 @@ def test_the_venvs_packages_are_listed_with_pip_or_without_it(tmp_path, with_pip
     """A venv made by uv has no pip unless seeded: its packages are still listed, name==version, from
     the distributions Python finds, under a comment that says so."""
     site = tmp_path / "site"
-    info = site / "fakeengine-1.2.3.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeengine\nVersion: 1.2.3\n")
+    plant_distribution(site, "fakeengine", "1.2.3")
     if with_pip:
         bin_dir = Path(sys.executable).parent   # the tests' own venv, which has pip
     else:
