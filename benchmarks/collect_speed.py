@@ -81,8 +81,6 @@ def free_port() -> int:
 def sweep_once(pb: Path, inv: Path, out: Path) -> tuple[dict, Path]:
     done = subprocess.run([sys.executable, "-m", "harness", "sweep", str(pb), "-i", str(inv), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
-    if os.environ.get("COLLECT_SPEED_DEBUG"):
-        print("".join(line + "\n" for line in done.stderr.splitlines() if "PERF" in line))
     found = list(out.glob("*/runs/*/manifest.json"))
     if done.returncode != 0 or len(found) != 1:
         raise SystemExit(f"the sweep failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")

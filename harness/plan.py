@@ -26,7 +26,14 @@ from harness.config.yamlfile import Loc, YamlDoc
 from harness.engines import Engine, NodeInfo, engine_for
 from harness.errors import InputError
 from harness.remote import ZIPAPP, remote_dir, tool_words
-from harness.render import BUILTIN_TEMPLATES, EnvRef, ShellWords, builtin_templates, render_string, render_template
+from harness.render import (
+    BUILTIN_TEMPLATES,
+    ShellWords,
+    builtin_templates,
+    hide_flag_value,
+    render_string,
+    render_template,
+)
 from harness.results.layout import HostRunLayout
 from harness.secrets import Redactor, arg_env_name, is_secret
 
@@ -74,8 +81,9 @@ class Sweep:
                     *(h.env for h in self.hosts)]:
             values += [v for k, v in env.items() if is_secret(k, self.secret_names)]
         for args in [self.playbook.server.args, *(c.args for c in self.playbook.all_configs)]:
-            values += [str(v) for k, v in args.items()
-                       if is_secret(k, self.secret_names) and isinstance(v, (str, int)) and not isinstance(v, bool)]
+            for flag, value in args.items():
+                if is_secret(flag, self.secret_names):
+                    values += hide_flag_value(value, arg_env_name(flag))[1].values()
         return Redactor(values)
 
     def render(self, run: RunSpec, host: Host, nodes: Sequence[Host] = ()) -> Rendered:
@@ -117,9 +125,9 @@ class Sweep:
         secret = {k: v for k, v in env.items() if is_secret(k, self.secret_names)}
         public = {k: v for k, v in env.items() if k not in secret}
         for flag, value in list(args.items()):   # `api-key: ...`: the value goes where secrets go
-            if is_secret(flag, self.secret_names) and isinstance(value, (str, int)) and not isinstance(value, bool):
-                secret[arg_env_name(flag)] = str(value)
-                args[flag] = EnvRef(arg_env_name(flag))
+            if is_secret(flag, self.secret_names):
+                args[flag], held = hide_flag_value(value, arg_env_name(flag))
+                secret |= held
         context = base | {"args": args, "env": public, "secret_names": sorted(secret),
                           "server": base["server"] | {"args": args, "env": public}}
         return Rendered(render_template(self.template, context), args, public, secret, port, paths, node)
@@ -162,7 +170,9 @@ def node_address(host: Host) -> str:
 
 def find_template(path: str | None, engine: Engine, playbook_path: Path) -> Path:
     """The launch template. `template:` names one: beside the playbook, in the folder above it or in
-    the current folder, else the built-in of that file name. Without it, a `templates/<engine's
+    the current folder, else the built-in of that file name when `template:` is a bare name or
+    `templates/NAME` (the built-ins' own folder): a path to elsewhere that is not there is a mistake,
+    never a built-in taken in its place. Without it, a `templates/<engine's
     template>` beside the playbook (or one folder up, or in the current folder) wins over the built-in,
     so a team can keep its own next to its playbooks. Either may include the built-in `_common.sh.j2`."""
     bases = (playbook_path.parent, playbook_path.parent.parent, Path.cwd())
@@ -172,11 +182,16 @@ def find_template(path: str | None, engine: Engine, playbook_path: Path) -> Path
             found = [candidate] if candidate.is_file() else []
         else:
             found = [base / candidate for base in bases if (base / candidate).is_file()]
-        if found or (BUILTIN_TEMPLATES / candidate.name).is_file():
-            return (found[0] if found else BUILTIN_TEMPLATES / candidate.name).absolute()
-        raise InputError(f"launch template {path!r} not found (looked beside the playbook, above it, in "
-                         f"{Path.cwd()} and among the built-in templates: {', '.join(builtin_templates())})",
-                         file=str(playbook_path), key="template")
+        if found:
+            return found[0].absolute()
+        builtin = BUILTIN_TEMPLATES / candidate.name
+        if candidate.parent in (Path("."), Path("templates")) and builtin.is_file():
+            return builtin
+        where = ("" if candidate.is_absolute() else
+                 f" (looked beside the playbook, above it, in {Path.cwd()}"
+                 + (f" and among the built-in templates: {', '.join(builtin_templates())})"
+                    if candidate.parent in (Path("."), Path("templates")) else ")"))
+        raise InputError(f"launch template {path!r} not found{where}", file=str(playbook_path), key="template")
     for base in bases:
         for local in (base / engine.template, base / "templates" / engine.template):
             if local.is_file():

@@ -78,6 +78,24 @@ class EnvRef(str):
     so the value itself never appears in the script."""
 
 
+def hide_flag_value(value: Any, env_name: str) -> tuple[Any, dict[str, str]]:
+    """A secret flag's value with each of its words replaced by an EnvRef, and what each of those
+    variables holds: `sk-1` -> `"$HARNESS_ARG_API_KEY"`; a flag given several values (`[[sk-1, sk-2]]`,
+    vLLM's --api-key takes several) -> `"$HARNESS_ARG_API_KEY" "$HARNESS_ARG_API_KEY_1"`. A bare
+    flag (true) or one left out (false, null) holds no value and stays as it is."""
+    held: dict[str, str] = {}
+
+    def hide(item: Any) -> Any:
+        if isinstance(item, list):
+            return [hide(v) for v in item]
+        if item is None or isinstance(item, bool):
+            return item
+        name = f"{env_name}_{len(held)}" if held else env_name
+        held[name] = _word(item)
+        return EnvRef(name)
+    return hide(value), held
+
+
 def flags(args: Mapping[str, Any]) -> str:
     # flag names are validated when the playbook loads (letters, digits, '-', '_', '.'): only values need quoting
     def word(value: str) -> str:

@@ -19,6 +19,7 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -27,7 +28,7 @@ from harness.plan import Sweep, load_sweep
 from harness.remote.stats import percentile
 from harness.results import BenchLevel, RunLayout, RunManifest, RunResult, Unreadable, read_model, read_requests
 from harness.results import load_run as load_run_result
-from harness.secrets import MASK
+from harness.secrets import MASK, arg_env_name
 
 METRICS = [("ttft_ms", "p50", "TTFT p50 ms"), ("itl_ms", "p50", "ITL p50 ms"), ("itl_ms", "p99", "ITL p99 ms"),
            ("tpot_ms", "p50", "TPOT p50 ms"), ("output_tok_s", None, "tok/s")]
@@ -73,6 +74,7 @@ def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) 
         target = host or playbook["hosts"]
         for section in (playbook["server"], *playbook["configs"]):
             section["env"] = {k: _secret(k, v, run_dir) for k, v in (section.get("env") or {}).items()}
+            section["args"] = {k: _secret_flag(k, v, run_dir) for k, v in (section.get("args") or {}).items()}
     except (KeyError, TypeError, AttributeError) as e:
         raise InputError(f"the recorded playbook is not one a harness wrote ({type(e).__name__}: {e})",
                          file=str(RunLayout(Path(run_dir)).manifest), key="playbook") from None
@@ -116,6 +118,26 @@ def _secret(name: str, value: str, run_dir: Path) -> str:
         raise InputError(f"the recorded run used the secret {name}; set it in the environment to reproduce",
                          file=str(RunLayout(Path(run_dir)).manifest), key=f"env.{name}")
     return os.environ[name]
+
+
+def _secret_flag(flag: str, value: Any, run_dir: Path) -> Any:
+    """A secret flag's recorded value (each word ***) taken from the environment variables the launch
+    script read it from: HARNESS_ARG_API_KEY, then HARNESS_ARG_API_KEY_1... for several values."""
+    names: list[str] = []
+
+    def fill(item: Any) -> Any:
+        if isinstance(item, list):
+            return [fill(v) for v in item]
+        if item != MASK:
+            return item
+        names.append(f"{arg_env_name(flag)}_{len(names)}" if names else arg_env_name(flag))
+        return os.environ.get(names[-1])
+    filled = fill(value)
+    if missing := [n for n in names if n not in os.environ]:
+        raise InputError(f"the recorded run gave the secret flag --{flag.lstrip('-')} a value; set "
+                         f"{' and '.join(missing)} in the environment to reproduce",
+                         file=str(RunLayout(Path(run_dir)).manifest), key=f"args.{flag}")
+    return filled
 
 
 LevelKey = tuple[str | None, str, float | None, bool]

@@ -1,10 +1,15 @@
 """Secrets: env values that must never appear in launch.sh, logs, manifests, the journal or errors.
 
-A name is secret when it contains TOKEN, SECRET, PASSWORD or KEY (any case), or is listed under
-`secrets:` in the inventory or the playbook; so is a server flag with such a name (`api-key`), whose
-value travels in an environment variable the flag names. Secret values reach the host in a mode-0600
-file that the launch script sources; everything the harness writes or prints goes through
-`Redactor.text`, and so do the text files pulled back (an engine may log its arguments).
+A name is secret when one of its words (split at `-`, `_`, `.` and between a lower-case letter and a
+capital) is or ends with TOKEN, SECRET(S), PASSWORD(S), PASSWD or KEY(S), in any case (HF_TOKEN, api-key,
+AWS_SECRET_ACCESS_KEY, NGC_APIKEY, apiKey), or when it is listed under `secrets:` in the inventory or
+the playbook. Words are what keep the engines' tuning flags and settings public: `max-num-batched-tokens`,
+`tokenizer`, TOKENIZERS_PARALLELISM hold no secret, and a value taken for one would be masked in
+every log and manifest (8192 would read *** wherever it appears). A server flag with a secret name
+(`api-key`) is a secret too: its value travels in an environment variable the flag names. Secret
+values reach the host in a mode-0600 file that the launch script sources; everything the harness
+writes or prints goes through `Redactor.text`, and so do the text files pulled back (an engine may
+log its arguments).
 
 A server launched with an API key (`--api-key`, vLLM and SGLang alike; or vLLM's VLLM_API_KEY) asks
 every client for it: the harness's own requests on the host (health, benchmark, profiler) read it
@@ -17,11 +22,24 @@ import re
 from collections.abc import Iterable, Mapping
 
 MASK = "***"
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|KEY", re.IGNORECASE)
+_SECRET_WORD = re.compile(r"(TOKEN|SECRETS?|PASSWORDS?|PASSWD|KEYS?)$", re.IGNORECASE)
+_WORDS = re.compile(r"[-_.\s]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
 def is_secret(name: str, listed: Iterable[str] = ()) -> bool:
-    return bool(_SECRET_NAME.search(name)) or name in set(listed)
+    return any(_SECRET_WORD.search(word) for word in _WORDS.split(name)) or name in set(listed)
+
+
+def masked_args(args: Mapping[str, object], listed: Iterable[str] = ()) -> dict[str, object]:
+    """Server args with every value of a secret flag shown as MASK (a list keeps its shape, so that
+    `harness reproduce` knows how many values to ask for); bare and left-out flags as they are."""
+    listed = list(listed)
+
+    def mask(value: object) -> object:
+        if isinstance(value, list):
+            return [mask(v) for v in value]
+        return value if value is None or isinstance(value, bool) else MASK
+    return {k: mask(v) if is_secret(k, listed) else v for k, v in args.items()}
 
 
 def arg_env_name(flag: str) -> str:
@@ -61,9 +79,12 @@ class Redactor:
         return {k: MASK if is_secret(k, listed) else self.text(v) for k, v in env.items()}
 
     def data(self, obj):
-        """Redact every string inside a JSON-like structure."""
+        """Redact every string inside a JSON-like structure, and every number that is a secret (an
+        `api-key: 12345` stays a number in a playbook's dump)."""
         if isinstance(obj, str):
             return self.text(obj)
+        if isinstance(obj, (int, float)) and not isinstance(obj, bool) and str(obj) in self._values:
+            return MASK
         if isinstance(obj, Mapping):
             return {k: self.data(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):

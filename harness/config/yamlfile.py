@@ -16,32 +16,70 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from harness.errors import InputError
+from harness.secrets import is_secret
 
 Loc = tuple[str | int, ...]
 
 
+MAX_NODES = 200_000
+"""Values one file may hold once its aliases are expanded: far beyond any playbook or inventory,
+short of a few lines of aliases nested in aliases that expand to billions (and hang the loader)."""
+MAX_DEPTH = 64
+"""How deep values may nest: a playbook is a handful of levels deep."""
+
+
+class _Refused(Exception):
+    """The document cannot be taken as it is: `message` at `line`, under key `loc`."""
+
+    def __init__(self, message: str, loc: Loc, line: int):
+        super().__init__(message)
+        self.message, self.loc, self.line = message, loc, line
+
+
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that records `path-in-document -> line` for every key and list item."""
+    """SafeLoader that records `path-in-document -> line` for every key and list item, and refuses,
+    before anything is built, what PyYAML would take silently or choke on: a key given twice in one
+    mapping (the first value would be lost), an alias inside itself, aliases that expand beyond
+    MAX_NODES values, nesting deeper than MAX_DEPTH."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.lines: dict[Loc, int] = {}
+        self._nodes = 0
 
     def construct_document(self, node):
-        self._record(node, ())
+        self._record(node, (), ())
         return super().construct_document(node)
 
-    def _record(self, node, loc: Loc) -> None:
-        self.lines.setdefault(loc, node.start_mark.line + 1)
+    def _record(self, node, loc: Loc, inside: tuple[int, ...]) -> None:
+        line = node.start_mark.line + 1
+        self._nodes += 1
+        if id(node) in inside:
+            raise _Refused("an alias that contains itself (a value cannot include itself)", loc, line)
+        if self._nodes > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES:,} values once its aliases are expanded", loc, line)
+        if len(inside) >= MAX_DEPTH:
+            raise _Refused(f"values nested more than {MAX_DEPTH} levels deep", loc, line)
+        self.lines.setdefault(loc, line)
+        inside += (id(node),)
         if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
             for key_node, value_node in node.value:
                 if isinstance(key_node, yaml.ScalarNode):
+                    key_line = key_node.start_mark.line + 1
+                    key = (key_node.tag, key_node.value)   # 8 and '8' are two keys
+                    if key in seen and key_node.tag != "tag:yaml.org,2002:merge":
+                        raise _Refused(f"{key_node.value!r} is given twice in one mapping (lines {seen[key]} "
+                                       f"and {key_line}): keep one", loc + (key_node.value,), key_line)
+                    seen[key] = key_line
                     child = loc + (key_node.value,)
-                    self.lines[child] = key_node.start_mark.line + 1
-                    self._record(value_node, child)
+                    self.lines[child] = key_line
+                    self._record(value_node, child, inside)
+                else:
+                    self._record(value_node, loc, inside)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                self._record(item, loc + (i,))
+                self._record(item, loc + (i,), inside)
 
 
 class YamlDoc:
@@ -102,6 +140,10 @@ def load_yaml(path: Path | str) -> YamlDoc:
         raise InputError(f"invalid YAML: {e.problem or e}", file=str(path), line=line) from None
     except yaml.YAMLError as e:
         raise InputError(f"invalid YAML: {e}", file=str(path)) from None
+    except _Refused as e:
+        raise InputError(e.message, file=str(path), key=dotted(e.loc) or None, line=e.line) from None
+    except RecursionError:   # the composer nests a frame per level, before our own depth check
+        raise InputError(f"values nested too deeply (at most {MAX_DEPTH} levels)", file=str(path)) from None
     finally:
         loader.dispose()
     doc = YamlDoc(path, data if data is not None else {}, loader.lines)
@@ -125,6 +167,8 @@ def _check_text(doc: YamlDoc, value: Any, loc: Loc) -> None:
         except UnicodeEncodeError as e:
             raise doc.error(loc, f"text that is not valid Unicode ({e.reason} at character {e.start}: "
                                  f"{value[max(0, e.start - 10):e.start]!r}...)") from None
+        if "\0" in value:   # no command line, environment or file name can carry one
+            raise doc.error(loc, f"text with a NUL character (\\0) at character {value.index(chr(0))}")
 
 
 def dotted(loc: Loc) -> str:
@@ -169,6 +213,15 @@ def _message(err: ErrorDetails, names: set[str] | None = None) -> str:
     if err["type"] == "missing":
         return "required key is missing"
     msg = err["msg"]
-    if "input" in err and not isinstance(err["input"], (dict, list)) and err["type"] != "value_error":
+    if "input" in err and not isinstance(err["input"], (dict, list)) and err["type"] != "value_error" \
+            and not _may_hold_secret(err["loc"], err["input"]):
         msg += f" (got {err['input']!r})"
     return msg.removeprefix("Value error, ")
+
+
+def _may_hold_secret(loc: tuple[int | str, ...], value: Any) -> bool:
+    """Whether a wrong value must not be repeated in the error: one under a secret-looking name, or a
+    whole env/args/secrets given as text (`env: HF_TOKEN=...`), or text that names a secret itself."""
+    parts = [str(p) for p in loc]
+    return (any(is_secret(p) for p in parts) or bool(parts and parts[-1] in ("env", "args", "secrets"))
+            or (isinstance(value, str) and is_secret(value)))

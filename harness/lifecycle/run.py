@@ -30,6 +30,7 @@ from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomi
 from harness.results.answers import Answer
 from harness.results.models import AnalysisRef, Collected
 from harness.results.store import read_telemetry
+from harness.secrets import masked_args
 from harness.transport.base import Placed
 from harness.transport.tarpull import TooLarge
 
@@ -234,8 +235,9 @@ def resolved_playbook(ctx: RunContext) -> dict:
     sweep = ctx.sweep
     pb = sweep.playbook.model_dump(mode="json", exclude={"configs", "matrix", "repeat", "placement", "template"})
     config = ctx.run.config.model_dump(mode="json")
-    pb["server"]["env"] = sweep.redactor.env(pb["server"]["env"], sweep.secret_names)
-    config["env"] = sweep.redactor.env(config["env"], sweep.secret_names)
+    for section in (pb["server"], config):
+        section["env"] = sweep.redactor.env(section["env"], sweep.secret_names)
+        section["args"] = masked_args(section["args"], sweep.secret_names)
     # a server on several hosts: every node's, node 0 first; a Slurm node's group, which the next
     # allocation takes its nodes from (the node itself is no host of the inventory)
     hosts = ",".join(dict.fromkeys(n.host.cluster or n.host.name for n in ctx.nodes))

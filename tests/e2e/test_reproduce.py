@@ -37,3 +37,29 @@ def test_a_copied_run_directory_alone_reproduces_on_another_host(tmp_path, ssh_i
 def test_reproduce_needs_a_run_directory(tmp_path, ssh_inventory):
     run = harness("reproduce", tmp_path, "-i", ssh_inventory())
     assert run.returncode == 2 and "manifest.json" in run.stderr
+
+
+def test_a_run_whose_server_took_several_keys_reproduces_with_each_from_the_environment(tmp_path, ssh_inventory):
+    """vLLM's --api-key takes several keys: the sweep benchmarks with them, no file holds them, and
+    reproduce asks for each variable the launch script read them from before it runs again."""
+    inv = ssh_inventory()
+    keys = ["sk-" + "a1b2" * 6, "sk-" + "c3d4" * 6]
+    pb = playbook(tmp_path, engine="vllm", profile="none",
+                  configs=[{"name": "k", "args": {"api-key": [keys], "max-num-batched-tokens": 8192}}])
+    run = harness("sweep", pb, "-i", inv, "-o", tmp_path / "r")
+    assert run.returncode == 0, run.stdout + run.stderr
+    root = sweep_dir(tmp_path / "r") / "runs" / "k-1"
+    launch = (root / "launch.sh").read_text()
+    assert '--api-key "$HARNESS_ARG_API_KEY" "$HARNESS_ARG_API_KEY_1"' in launch
+    assert "--max-num-batched-tokens 8192" in launch
+    for path in [p for p in (tmp_path / "r").rglob("*") if p.is_file()]:
+        assert not any(k in path.read_text(errors="replace") for k in keys), path
+
+    refused = harness("reproduce", root, "-i", inv, "-o", tmp_path / "r2", env={"HARNESS_ARG_API_KEY": keys[0]})
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "HARNESS_ARG_API_KEY_1" in said and "args.api-key" in said, said
+    again = harness("reproduce", root, "-i", inv, "-o", tmp_path / "r2",
+                    env={"HARNESS_ARG_API_KEY": keys[0], "HARNESS_ARG_API_KEY_1": keys[1]})
+    assert again.returncode == 0, again.stdout + again.stderr
+    (m,) = manifests(tmp_path / "r2").values()
+    assert m["status"] == "ok" and m["playbook"]["configs"][0]["args"]["api-key"] == [["***", "***"]]

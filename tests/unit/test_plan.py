@@ -207,3 +207,44 @@ def test_the_api_key_clients_must_send_is_found_among_the_secrets():
     assert api_key_env({"api-key": None}, {}) is None            # null removes the flag
     assert api_key_env({"tp-size": 8}, {"HF_TOKEN": "t"}) is None
     assert api_key_env({}, {"VLLM_API_KEY": "k"}) == "VLLM_API_KEY"
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "hf-token", "api-key", "--api-key", "WANDB_API_KEY", "NGC_APIKEY",
+                                  "apiKey", "AWS_SECRET_ACCESS_KEY", "ssl-keyfile-password", "DB_PASSWD"])
+def test_names_with_a_secret_word_are_secret(name):
+    from harness.secrets import is_secret
+    assert is_secret(name)
+
+
+@pytest.mark.parametrize("name", ["max-num-batched-tokens", "max-prefill-tokens", "max_new_tokens", "tokenizer",
+                                  "tokenizer-mode", "skip-tokenizer-init", "TOKENIZERS_PARALLELISM", "ssl-keyfile",
+                                  "kv-cache-dtype"])
+def test_tuning_flags_and_settings_that_merely_contain_a_secret_word_stay_public(files, name):
+    """A flag taken for a secret vanished from launch.sh into the secrets file, and its value (8192)
+    read *** in every log and manifest."""
+    from harness.secrets import is_secret
+    assert not is_secret(name)
+    pb, inv = files(PLAYBOOK.replace("{name: tp8, args: {tp-size: 8}}", f"{{name: tp8, args: {{{name}: 8192}}}}"))
+    sweep = load_sweep(pb, inv, sweep_id="s1")
+    rendered = sweep.render(sweep.runs[0], sweep.runs[0].hosts[0])
+    assert f"--{name.lstrip('-')} 8192" in rendered.script and rendered.secret_env.keys() == {"HF_TOKEN"}
+    assert sweep.redactor.text("max_model_len=8192") == "max_model_len=8192"
+
+
+def test_a_secret_flag_of_several_values_or_a_number_goes_where_secrets_go(files):
+    """vLLM's --api-key takes several keys (`[[k1, k2]]`); a key may be all digits. Every value travels
+    in a variable of its own, and the redactor masks them, numbers included."""
+    from harness.secrets import MASK, masked_args
+    pb, inv = files(PLAYBOOK.replace("{name: tp8, args: {tp-size: 8}}",
+                                     "{name: tp8, args: {api-key: [[sk-one-1111, sk-two-2222]], hf-token: 98765}}"))
+    sweep = load_sweep(pb, inv, sweep_id="s1")
+    rendered = sweep.render(sweep.runs[0], sweep.runs[0].hosts[0])
+    assert '--api-key "$HARNESS_ARG_API_KEY" "$HARNESS_ARG_API_KEY_1"' in rendered.script
+    assert '--hf-token "$HARNESS_ARG_HF_TOKEN"' in rendered.script
+    assert "sk-one" not in rendered.script and "98765" not in rendered.script
+    assert rendered.secret_env | {"HF_TOKEN": ""} == {"HF_TOKEN": "", "HARNESS_ARG_API_KEY": "sk-one-1111",
+                                                      "HARNESS_ARG_API_KEY_1": "sk-two-2222",
+                                                      "HARNESS_ARG_HF_TOKEN": "98765"}
+    assert sweep.redactor.data({"a": [["sk-one-1111"], 98765, "x sk-two-2222"]}) == {"a": [[MASK], MASK, "x ***"]}
+    assert masked_args({"api-key": [["a", "b"]], "max-tokens": 8, "hf-token": True}) == {
+        "api-key": [[MASK, MASK]], "max-tokens": 8, "hf-token": True}

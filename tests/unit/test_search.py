@@ -116,7 +116,8 @@ def test_a_search_has_no_runs_before_it_starts_and_renders_its_first_point(tmp_p
     ("benchmark.colour: [1]", "search.optuna.space.benchmark.colour", "no field 'colour'"),
 ])
 def test_a_bad_space_entry_names_its_key_and_line(tmp_path, entry, key, message):
-    bad = PLAYBOOK.replace("      env.NCCL_ALGO: [Ring, Tree]\n", f"      {entry}\n")
+    bad = PLAYBOOK.replace("      args.max-num-seqs: {low: 16, high: 256, step: 16}\n", "").replace(
+        "      env.NCCL_ALGO: [Ring, Tree]\n", f"      {entry}\n")   # in place of the good one: no key twice
     with pytest.raises(InputError) as e:
         load(tmp_path, bad)
     assert e.value.key is not None and e.value.key.startswith(key), e.value
