@@ -378,18 +378,7 @@ class Executor:
                 self.events.phase(node.host.name, spec.run_id, f"{phase} (node {rank})")
 
         ctx = RunContext.of(self.sweep, spec, nodes, layout, lease_s=self.lease_s, on_phase=on_phase)
-        ctx.found.attempt = attempt
-        try:
-            if attempt > 1:
-                for node in ctx.nodes:
-                    node.sh(f"rm -rf {shlex.quote(node.paths.root)}", timeout=120, check=False)
-        except HarnessError as e:   # the host went away since the last attempt: this one fails as that
-            manifest = unrun_manifest(self.sweep, spec, host.name, "failed", ErrorRecord(
-                kind=e.kind, message=self.sweep.redactor.text(str(e))), attempts=attempt)
-            write_model(layout.manifest, manifest)
-            if e.kind.retried and not self.stop.is_set():
-                raise Transient(manifest) from None
-            return manifest
+        ctx.found.attempt = attempt   # the preflight empties the run's folder on each host first
         with self.lock:
             self.in_flight[spec.run_id] = ctx
         self.journal.append(spec.run_id, "running", host=host.name, attempt=attempt,

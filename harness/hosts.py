@@ -16,6 +16,7 @@ its worker's connection is closed under the run in flight, which then fails over
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shlex
 import threading
@@ -71,6 +72,7 @@ class HostPool:
         """Connect, upload the tools, reap servers of earlier sweeps whose lease lapsed; False (the host
         set aside, its error kept) when any of it fails."""
         host = state.host
+        transport: Transport | None = None
         try:
             transport = self.connect(host.spec())
             installed = install(transport, host.workdir, host=host.name)
@@ -87,6 +89,9 @@ class HostPool:
             if not isinstance(e, HarnessError):
                 e = HarnessError(f"the harness failed connecting to {host.name} ({internal_text(e)})",
                                  kind=Kind.INTERNAL)
+            if transport is not None:   # connected, then the tools or the reap failed: not kept
+                with contextlib.suppress(Exception):
+                    transport.close()
             state.attempts += 1
             state.error = e
             state.dead = e.kind.host_fatal or state.attempts >= self.attempts

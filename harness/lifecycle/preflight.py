@@ -40,14 +40,20 @@ def preflight(ctx: RunContext) -> Probe:
     # the driver, seconds apiece, at the first run of a sweep on each host. Each is written aside and
     # moved into place, so a preflight cut short (a lost link, a timeout) leaves no half of a listing
     # that the host's later runs would take for the whole.
-    listing = (f"{{ [ -s {listed} ] || {{ ( {ctx.in_venv(engine.help_command)} ) > {listed}.$$ "
-               f"2>&1; mv -f {listed}.$$ {listed}; }}; }} & " if engine.help_command else "")
+    # Only a listing that worked is kept: one that failed (the engine's import broke for a moment, a
+    # driver mid-upgrade) is shown once, as `.failed`, and the next run on the host lists again.
+    listing = (f"{{ [ -s {listed} ] || {{ ( {ctx.in_venv(engine.help_command)} ) > {listed}.$$ 2>&1 && "
+               f"grep -q -e --help {listed}.$$ && mv -f {listed}.$$ {listed} || mv -f {listed}.$$ {listed}.failed; "
+               f"}}; }} & " if engine.help_command else "")
     collect = ctx.in_venv(collect_script(facts_for(engine), kept.facts + ".tmp"))
     facts = (f"{{ [ -d {facts_dir} ] || {{ mkdir -p {facts_dir}.tmp && ( {collect} ) >/dev/null 2>&1; "
              f"mv {facts_dir}.tmp {facts_dir}; }}; }} & ")
-    help_tail = f"tail -c 2000000 {listed}; " if engine.help_command else ""
+    help_tail = (f"if [ -s {listed} ]; then tail -c 2000000 {listed}; else tail -c 2000000 {listed}.failed; "
+                 f"rm -f {listed}.failed; fi; " if engine.help_command else "")
+    # The run's folder starts empty at every attempt: a failed run's is left on the host for whoever
+    # looks into it, and a retry there (or `--resume --retry-failed`) must not pull its old traces.
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
-               f"mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && "
+               f"rm -rf {q(paths.root)} && mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && "
                f"{{ {listing}{facts}{probing}; wait; }}; "
                f"echo {SEP}; {help_tail}cp -p {facts_dir}/* {q(paths.facts_dir)}/; true")
     result = ctx.sh(command, timeout=600)

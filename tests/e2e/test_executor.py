@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.errors import Kind, RemoteError
+from harness.events import Quiet
 from harness.executor import Executor
+from harness.hosts import HostPool
 from harness.journal import read_journal
 from harness.plan import load_sweep
 from tests.e2e.test_sweep import FAST, _free_port
-from tests.faulty import Faults, bug, timeout
+from tests.faulty import Faults, Faulty, bug, timeout
+from tests.remote_venv import SGLANG_LAUNCH, make_remote_venv
 
 pytestmark = pytest.mark.e2e
 
@@ -23,17 +27,17 @@ BENCH = r" --max-failed-share "
 """The benchmark client's command line (however the client is shipped to the host)."""
 
 
-def sweep(tmp_path: Path, *, hosts=("a",), configs=("one",), placement="pool"):
+def sweep(tmp_path: Path, *, hosts=("a",), configs=("one",), placement="pool", venv: str = sys.prefix, **extra):
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {
-        name: {"transport": "local", "venv": sys.prefix, "workdir": str(tmp_path / f"work-{name}")}
+        name: {"transport": "local", "venv": venv, "workdir": str(tmp_path / f"work-{name}")}
         for name in hosts}}}))
     playbook = tmp_path / "pb.yaml"
     playbook.write_text(yaml.safe_dump({
         "name": "faults", "hosts": "all", "engine": "sim", "model": {"path": "/m"}, "placement": placement,
         "server": {"port": _free_port(), "env": dict(FAST), "startup_timeout_s": 60},
         "configs": [{"name": c} for c in configs],
-        "benchmark": {"prompt": "hi", "max_tokens": 4, "requests": 2, "warmup": 0}}))
+        "benchmark": {"prompt": "hi", "max_tokens": 4, "requests": 2, "warmup": 0}, **extra}))
     return load_sweep(playbook, inventory)
 
 
@@ -137,3 +141,56 @@ def test_resume_runs_what_fail_fast_skipped_and_leaves_finished_runs_alone(tmp_p
     again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
     assert [(m.run_id, m.status) for m in again.manifests] == [("first-1", "failed"), ("second-1", "ok")]
     assert [s for r, s, _ in journal(again) if r == "first-1"] == ["running", "failed"]   # not run again
+
+
+def test_a_host_whose_tools_cannot_be_installed_keeps_none_of_its_connections(tmp_path, monkeypatch):
+    """Connected, then the upload of the tools timed out: each such attempt closes its connection (a
+    flaky host kept one open, with its thread and socket, per attempt all night)."""
+    opened, closed = [], []
+    monkeypatch.setattr(Faulty, "close", lambda self: (closed.append(self), self.inner.close()))
+    faults = Faults()
+    faults.on("a", "run", "cat > ", error=timeout, times=None)   # the tools' upload
+
+    def connect(spec):
+        opened.append(faults.connect(spec))
+        return opened[-1]
+    pool = HostPool(sweep(tmp_path).hosts, connect=connect, events=Quiet(), lease_s=60, attempts=6)
+    for _ in range(3):
+        assert not pool.open(pool["a"]) and pool["a"].error.kind is Kind.TIMEOUT
+    assert len(opened) == 3 and closed == opened
+
+
+def test_a_run_retried_in_a_later_sweep_brings_back_only_its_own_traces(tmp_path):
+    """A failed run's folder stays on the host for whoever looks into it; `--resume --retry-failed`
+    runs it there again as its first attempt of that sweep, and must not pull the old server's traces."""
+    sw = sweep(tmp_path, flavor="sglang", profile={"mode": "engine", "num_steps": 2})
+    faults = Faults()
+    faults.on("a", "pull", error=lambda host, what: RemoteError("link dropped", host=host, kind=Kind.COLLECT),
+              times=None)
+    (failed,) = Executor(sw, tmp_path / "results", jobs=1, connect=faults.connect).run().manifests
+    assert failed.status == "failed"
+    left = next((tmp_path / "work-a").glob("faults-*/one-1/profile"))
+    assert len(list(left.iterdir())) == 1       # the failed run's trace, left on the host
+    again = Executor(sw, tmp_path / "results", jobs=1, resume=True, retry_failed=True,
+                     connect=Faults().connect).run()
+    (m,) = again.manifests
+    assert m.status == "ok" and m.profile is not None and m.profile.status == "ok"
+    assert len(m.profile.files) == m.profile.expected_ranks == 1, m.profile.files
+
+
+def test_a_flag_listing_that_failed_is_not_kept_for_the_hosts_later_runs(tmp_path):
+    """The engine's import broke for a moment while its flags were listed: that run fails naming it,
+    and once the host is fixed `--resume --retry-failed` lists again instead of reading the failure."""
+    venv = make_remote_venv(tmp_path / "venv", engines=("sglang",))
+    broken = tmp_path / "broken"
+    broken.touch()
+    (venv / "shims" / "sglang" / "launch_server.py").write_text(
+        f"import os, sys\nif '--help' in sys.argv and os.path.exists({str(broken)!r}):\n"
+        "    raise ImportError('libcuda.so.1: cannot open shared object file')\n" + SGLANG_LAUNCH)
+    sw = sweep(tmp_path, venv=str(venv), engine="sglang")
+    (first,) = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run().manifests
+    assert first.error is not None and first.error.kind == "preflight" and "listed no flags" in first.error.message
+    broken.unlink()
+    (again,) = Executor(sw, tmp_path / "results", jobs=1, resume=True, retry_failed=True,
+                        connect=Faults().connect).run().manifests
+    assert again.status == "ok", again.error
