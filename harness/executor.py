@@ -48,6 +48,7 @@ from harness.remote import private_workdir, remote_dir, tool_command
 from harness.results import (
     ErrorRecord,
     HostRunLayout,
+    RunLayout,
     RunManifest,
     SweepLayout,
     Unreadable,
@@ -451,6 +452,11 @@ class Executor:
                 except Unreadable:
                     pass  # journaled as finished but its manifest is gone: run it again
             last = states.get(spec.run_id)
+            if (last is not None and last.state == "running" and spec.run_id not in plan.changed
+                    and (finished := self._finished_unjournaled(spec, layout)) is not None):
+                self.journal.append(spec.run_id, finished.status, host=last.host, attempts=finished.attempts)
+                self.outcome.manifests.append(finished)
+                continue
             where = last.host if last is not None and last.state in ("running", "interrupted") else None
             for name in (last.nodes or [where]) if last is not None and where is not None else []:
                 if name in self.pool:   # every node of a run on several hosts
@@ -463,6 +469,25 @@ class Executor:
             self.events.log(f"{run_id}: the playbook changed ({'; '.join(diff)}); accepted")
         self.kept_runs = plan.removed
         return todo
+
+    def _finished_unjournaled(self, spec: RunSpec, layout: RunLayout) -> RunManifest | None:
+        """A run the journal says was running whose manifest says ok: it had ended (torn down, its
+        files brought back, its host folder cleaned) and waited only for the analysis of its traces
+        when the orchestrator stopped. It is kept, analysed now, never run again; None otherwise.
+        Each attempt starts by emptying the run's folder here, so a manifest found is its last one's."""
+        try:
+            manifest = load_run(layout).manifest
+        except Unreadable:
+            return None
+        if not manifest.ok:
+            return None
+        self.events.log(f"{spec.run_id}: had finished ok before the stop; kept, its traces analysed now")
+        try:
+            return analyze(layout, manifest)
+        except Exception as e:  # our own bug in the analysis: the run's measurements stand
+            self.events.log(f"{spec.run_id}: the analysis failed ({internal_text(e)}); "
+                            f"`harness analyze {layout.profile}` runs it again")
+            return manifest
 
     def _reconcile(self, spec: RunSpec, host: Host) -> None:
         """A run that was in flight when the orchestrator stopped: stop its server, drop its files."""

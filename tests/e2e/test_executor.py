@@ -5,6 +5,7 @@ each has its end-to-end twin over sshd and namespace hosts (test_night.py, test_
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -194,3 +195,27 @@ def test_a_flag_listing_that_failed_is_not_kept_for_the_hosts_later_runs(tmp_pat
     (again,) = Executor(sw, tmp_path / "results", jobs=1, resume=True, retry_failed=True,
                         connect=Faults().connect).run().manifests
     assert again.status == "ok", again.error
+
+
+def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kill(tmp_path):
+    """The orchestrator died while a finished run's traces waited for their analysis: its manifest
+    says ok, its journal still says running. A resume keeps it (its results were removed and the
+    run redone) and analyses it now."""
+    sw = sweep(tmp_path, flavor="sglang", profile={"mode": "engine", "num_steps": 2})
+    first = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
+    (done,) = first.manifests
+    run_dir = first.sweep_dir / "runs" / "one-1"
+    assert done.status == "ok" and (run_dir / "analysis.json").exists()
+    (run_dir / "analysis.json").unlink()   # as it was before the analysis ran
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["profile"]["analysis"] = None
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    with (first.sweep_dir / "journal.jsonl").open("a") as journal_file:   # the kill came before "ok"
+        journal_file.write(json.dumps({"t": 1.0, "run_id": "one-1", "state": "running", "host": "a",
+                                       "attempt": 1}) + "\n")
+    started = (run_dir / "bench.json").stat().st_mtime_ns
+    again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
+    (kept,) = again.manifests
+    assert kept.status == "ok" and kept.profile is not None and kept.profile.analysis is not None
+    assert (run_dir / "analysis.json").exists() and (run_dir / "bench.json").stat().st_mtime_ns == started
+    assert [s for r, s, _ in journal(again) if r == "one-1"] == ["running", "ok", "running", "ok"]
