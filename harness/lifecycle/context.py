@@ -40,6 +40,7 @@ class Findings:
     profile: dict[str, Any] | None = None        # profile: the agent's answer
     teardown: Stop | None = None                 # teardown: the agent's stop
     collected: Collected | None = None           # collect
+    trace_bytes: int = 0                         # collect: of which traces (profile/), against profile.max_mb
     warnings: list[str] = field(default_factory=list)   # any stage: what went wrong without failing the run
 
 

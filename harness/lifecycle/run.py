@@ -147,15 +147,20 @@ def _teardown(ctx: RunContext) -> None:
 
 def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None:
     """Node 0's run folder into the run's; each other node's into nodes/node<k>/, its traces into
-    profile/node<k>/ (names that stay unique whatever the engine calls them)."""
-    pulls: list[tuple[RunContext, str, Path, tuple[str, ...]]] = [(ctx, ctx.paths.root, ctx.local_dir,
-                                                                   (RunFiles.SECRETS,))]
-    for peer in ctx.peers:
-        pulls += [(peer, peer.paths.root, peer.local_dir, (RunFiles.SECRETS, RunFiles.PROFILE)),
-                  (peer, peer.paths.profile_dir, ctx.layout.node_profile(peer.node_rank), ())]
+    profile/node<k>/ (names that stay unique whatever the engine calls them). The traces come in pulls
+    of their own, after everything else: a profile over `profile.max_mb` fails the profile alone, and
+    the run's benchmark, log and facts are here whatever the traces do."""
+    profiled = ctx.sweep.playbook.profile.mode != "none"
+    apart = (RunFiles.SECRETS, RunFiles.PROFILE) if profiled else (RunFiles.SECRETS,)
+    pulls: list[tuple[RunContext, str, Path, tuple[str, ...], bool]] = [
+        (node, node.paths.root, node.local_dir, apart, False) for node in ctx.nodes]
+    if profiled:
+        pulls += [(node, node.paths.profile_dir,
+                   ctx.layout.node_profile(node.node_rank) if node is not ctx else ctx.layout.profile, (), True)
+                  for node in ctx.nodes]
     with ctx.phase("collect"):
-        for node, remote, local, exclude in pulls:
-            error = _pull(ctx, node, remote, local, exclude, error)
+        for node, remote, local, exclude, traces in pulls:
+            error = _pull(ctx, node, remote, local, exclude, error, traces=traces)
             if error is not None and error.kind is Kind.COLLECT:
                 break
     if ctx.found.collected is not None:
@@ -164,18 +169,25 @@ def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None
 
 
 def _pull(ctx: RunContext, node: RunContext, remote: str, local: Path, exclude: tuple[str, ...],
-          error: HarnessError | None) -> HarnessError | None:
-    max_mb = ctx.sweep.playbook.profile.max_mb
+          error: HarnessError | None, *, traces: bool) -> HarnessError | None:
+    max_mb = ctx.sweep.playbook.profile.max_mb if traces else None
     had = ctx.found.collected or Collected()
     try:   # the pull itself refuses what the local disk cannot hold
-        budget = int(max_mb * 1e6) - had.bytes if max_mb else None
+        budget = int(max_mb * 1e6) - ctx.found.trace_bytes if max_mb else None
         pulled = node.transport.pull(remote, local, timeout=3600, exclude=exclude,
                                      max_bytes=max(1, budget) if budget is not None else None)
         prefix = local.relative_to(ctx.local_dir).as_posix() + "/" if local != ctx.local_dir else ""
         ctx.found.collected = Collected(files=had.files + pulled.files, bytes=had.bytes + pulled.bytes,
                                         sha256=had.sha256 | {prefix + k: v for k, v in pulled.sha256.items()},
                                         skipped=had.skipped + [prefix + k for k in pulled.skipped])
+        if traces:
+            ctx.found.trace_bytes += pulled.bytes
     except HarnessError as e:
+        if isinstance(e, TooLarge) and max_mb:   # the cap the playbook set: the profile fails, the run stands
+            ctx.found.profile = (ctx.found.profile or {"mode": ctx.sweep.playbook.profile.mode}) | {
+                "status": "failed", "error": f"not brought back: {e.message}",
+                "hint": "raise profile.max_mb, or profile fewer steps (profile.num_steps)"}
+            return error
         if isinstance(e, TooLarge) and not max_mb:
             hinted = RemoteError(f"{e.message}, or cap the profile with profile.max_mb", kind=Kind.COLLECT,
                                  output=getattr(e, "output", ""))

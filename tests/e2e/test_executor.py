@@ -219,3 +219,19 @@ def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kil
     assert kept.status == "ok" and kept.profile is not None and kept.profile.analysis is not None
     assert (run_dir / "analysis.json").exists() and (run_dir / "bench.json").stat().st_mtime_ns == started
     assert [s for r, s, _ in journal(again) if r == "one-1"] == ["running", "ok", "running", "ok"]
+
+
+def test_a_profile_over_its_cap_fails_alone_and_the_run_keeps_its_benchmark(tmp_path):
+    """`profile.max_mb` refuses traces larger than it: the run stays ok with its benchmark, log and
+    facts brought back, the profile fails saying why, and nothing is run again."""
+    sw = sweep(tmp_path, flavor="sglang", profile={"mode": "engine", "num_steps": 2, "max_mb": 1})
+    sw.playbook.server.env["HARNESS_SIM_TRACE_MB"] = "2"
+    outcome = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
+    (m,) = outcome.manifests
+    assert (m.status, m.attempts) == ("ok", 1), m.error
+    assert m.profile is not None and m.profile.status == "failed" and "max_bytes" in (m.profile.error or "")
+    assert "profile.max_mb" in (m.profile.hint or "")
+    run_dir = outcome.sweep_dir / "runs" / "one-1"
+    assert (run_dir / "bench.json").exists() and (run_dir / "server.log").exists()
+    assert not list((run_dir / "profile").glob("*")) if (run_dir / "profile").exists() else True
+    assert [s for r, s, _ in journal(outcome) if r == "one-1"] == ["running", "ok"]
