@@ -50,7 +50,7 @@ LAYER = (
     ("void vllm::moe::topkGatingSoftmax<8, 256>(float const*, int*)", "moe", 2_600),
     ("void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel>(c10::BFloat16*, int)", "elementwise", 2_900),
     ("void vllm::rotary_embedding_kernel<c10::BFloat16, true>(long const*, c10::BFloat16*)", "elementwise", 1_800),
-    ("triton_poi_fused_0", "other", 1_300),
+    ("triton_poi_fused_0", "elementwise", 1_300),
 )
 ALLREDUCE = ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication", 5_200)
 MEMCPY = ("Memcpy HtoD (Pinned -> Device)", "copy", 1_400)
