@@ -98,6 +98,14 @@ class Transient(Exception):
         self.manifest = manifest
 
 
+class Unfit(Exception):
+    """A run attempt whose host failed the preflight (its venv, engine, GPUs, port): not tried again
+    there, and the host takes no further runs of the sweep."""
+
+    def __init__(self, manifest: RunManifest):
+        self.manifest = manifest
+
+
 def parse_deadline(text: str, now: dt.datetime | None = None) -> dt.datetime:
     """The next local time HH:MM (today, or tomorrow if it has passed)."""
     now = now or dt.datetime.now()
@@ -192,6 +200,8 @@ class Executor:
         its host may be lost), or when no more may start."""
         with self.changed:
             while not self.stop.is_set() and not (self.deadline and dt.datetime.now() >= self.deadline):
+                if state.dead:   # set aside: what only it could take fails with its error at the end
+                    return None
                 for i, spec in enumerate(self.todo if state.host.name not in self.busy else []):
                     if not any(h.name == state.host.name for h in spec.hosts) or self._lost_here(spec, state):
                         continue
@@ -310,6 +320,13 @@ class Executor:
             manifest = attempts(self._attempt, spec, state)
         except Stopped:
             return False   # left for --resume: the run is still pending in the journal, or interrupted
+        except Unfit as u:   # the host failed the preflight: the run goes to another host of its own
+            manifest = u.manifest
+            assert manifest.error is not None  # what made the host unfit
+            self.pool.set_aside(state, HarnessError(manifest.error.message, kind=Kind.of(manifest.error.kind)))
+            if self._move(spec, state, manifest):
+                self.journal.append(spec.run_id, "retry", host=state.host.name, error_kind=manifest.error.kind)
+                return True
         except Transient as t:
             manifest = t.manifest
             gone = state.lost or (manifest.error is not None and manifest.error.as_kind is Kind.UNREACHABLE)
@@ -392,6 +409,8 @@ class Executor:
             with self.lock:
                 self.in_flight.pop(spec.run_id, None)
         error = manifest.error
+        if error is not None and ctx.found.host_unfit and not self.stop.is_set():
+            raise Unfit(manifest)
         if error is not None and (error.as_kind.retried or state.lost) and not self.stop.is_set():
             self.events.log(f"[{host.name}] {spec.run_id}: attempt {attempt} failed ({error.line()})")
             raise Transient(manifest)

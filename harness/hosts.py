@@ -103,6 +103,14 @@ class HostPool:
         self.events.host(host.name, "idle")
         return True
 
+    def set_aside(self, state: HostState, error: HarnessError) -> None:
+        """The host cannot run this sweep's runs (its venv, its engine, its GPUs): dead for the sweep,
+        with `error` for the runs only it could take."""
+        state.dead, state.error = True, error
+        self.close(state)
+        self.events.log(f"[{state.host.name}] set aside for this sweep: {self.redact(str(error))}")
+        self.events.host(state.host.name, f"dead: {error.kind}")
+
     def drop(self, state: HostState) -> None:
         """The host went away under a run: its next run waits for it with the host backoff."""
         self.close(state)

@@ -41,6 +41,7 @@ class Findings:
     teardown: Stop | None = None                 # teardown: the agent's stop
     collected: Collected | None = None           # collect
     trace_bytes: int = 0                         # collect: of which traces (profile/), against profile.max_mb
+    host_unfit: bool = False                     # preflight: the host, not the configuration, failed it
     warnings: list[str] = field(default_factory=list)   # any stage: what went wrong without failing the run
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import shlex
 
-from harness.errors import Kind
+from harness.errors import Kind, RunFailed
 from harness.facts import collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
@@ -59,32 +59,32 @@ def preflight(ctx: RunContext) -> Probe:
     result = ctx.sh(command, timeout=600)
     out = result.stdout
     if NO_VENV in out:
-        raise ctx.fail(Kind.PREFLIGHT, f"the venv {ctx.venv} does not exist on {ctx.host.name} (no "
+        raise _unfit(ctx, f"the venv {ctx.venv} does not exist on {ctx.host.name} (no "
                        f"{ctx.python}): create it there, or fix `venv:` for this host in the inventory")
     if NO_NSYS in out:
-        raise ctx.fail(Kind.PREFLIGHT, f"profile.mode is nsys but nsys is not on the PATH of {ctx.venv} on "
+        raise _unfit(ctx, f"profile.mode is nsys but nsys is not on the PATH of {ctx.venv} on "
                        f"{ctx.host.name}: install Nsight Systems there, or use profile.mode engine")
     probe_text, _, help_text = out.partition(SEP)
     try:
         probe = read_answer(Probe, probe_text)
     except AnswerError as e:
-        raise ctx.fail(Kind.PREFLIGHT, f"the venv python {ctx.python} on {ctx.host.name} could not run the "
+        raise _unfit(ctx, f"the venv python {ctx.python} on {ctx.host.name} could not run the "
                        f"harness agent's probe ({e})", output=(probe_text + result.stderr)[-8000:]) from None
     if not probe.module_ok:
-        raise ctx.fail(Kind.PREFLIGHT, f"the venv {ctx.venv} on {ctx.host.name} cannot import "
+        raise _unfit(ctx, f"the venv {ctx.venv} on {ctx.host.name} cannot import "
                        f"{engine.module!r} ({probe.module_error}): install it in that venv, or "
                        f"point `venv:` at the venv that has it")
     if not probe.port_free:
         holders = "; ".join(f"pid {h.pid}: {h.command}" for h in probe.port_holders)
-        raise ctx.fail(Kind.PREFLIGHT, f"port {ctx.rendered.port} on {ctx.host.name} is already in use "
+        raise _unfit(ctx, f"port {ctx.rendered.port} on {ctx.host.name} is already in use "
                        f"({holders}); stop that server or choose another server.port")
     if busy := probe.gpus.processes:
         held = "; ".join(f"pid {p.pid} {p.name} ({p.memory_mib} MiB)" for p in busy)
-        raise ctx.fail(Kind.PREFLIGHT, f"the GPUs of {ctx.host.name} are busy: {held}")
+        raise _unfit(ctx, f"the GPUs of {ctx.host.name} are busy: {held}")
     if not engine.help_command:
         return probe
     if "--help" not in help_text:
-        raise ctx.fail(Kind.PREFLIGHT, f"`{engine.help_command}` in {ctx.venv} on {ctx.host.name} listed no "
+        raise _unfit(ctx, f"`{engine.help_command}` in {ctx.venv} on {ctx.host.name} listed no "
                        "flags", output=help_text[-2000:])
     unknown = engine.unknown_flags(help_text, sorted({f for f, _ in flag_pairs(ctx.rendered.args)}))
     if unknown:
@@ -95,3 +95,11 @@ def preflight(ctx: RunContext) -> Probe:
                        f"accept {named}: not in `{engine.help_command}` (a typo, or a flag this version "
                        "renamed or removed)", output=help_text[-2000:])
     return probe
+
+
+def _unfit(ctx: RunContext, message: str, *, output: str = "") -> RunFailed:
+    """A preflight failure of the host rather than of the configuration (its venv, its engine, its
+    GPUs or port held by another job, its flag listing): no run would fare better there, so the
+    executor sets the host aside for the sweep and hands the run to another host of its own."""
+    ctx.found.host_unfit = True
+    return ctx.fail(Kind.PREFLIGHT, message, output=output)

@@ -5,6 +5,7 @@ each has its end-to-end twin over sshd and namespace hosts (test_night.py, test_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -235,3 +236,25 @@ def test_a_profile_over_its_cap_fails_alone_and_the_run_keeps_its_benchmark(tmp_
     assert (run_dir / "bench.json").exists() and (run_dir / "server.log").exists()
     assert not list((run_dir / "profile").glob("*")) if (run_dir / "profile").exists() else True
     assert [s for r, s, _ in journal(outcome) if r == "one-1"] == ["running", "ok"]
+
+
+def test_a_host_that_fails_the_preflight_is_set_aside_and_its_run_goes_to_another(tmp_path):
+    """Host b has no venv: the first run it takes goes back to the queue, b takes nothing more, and
+    host a runs all four (b failed three of them in no time, while a waited)."""
+    sw = sweep(tmp_path, hosts=("a", "b"), configs=("one", "two", "three", "four"))
+    sw.hosts[1] = sw.hosts[1].model_copy(update={"venv": str(tmp_path / "no-venv")})
+    sw.runs = [dataclasses.replace(r, hosts=tuple(sw.hosts)) for r in sw.runs]
+    outcome = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
+    assert sorted((m.run_id, m.status, m.host.name) for m in outcome.manifests) == [
+        (f"{c}-1", "ok", "a") for c in sorted(("one", "two", "three", "four"))]
+    events = journal(outcome)
+    assert [e for e in events if e[2] == "b"] in ([], [(events[0][0], "running", "b"), (events[0][0], "retry", "b")])
+
+
+def test_runs_only_a_set_aside_host_could_take_fail_with_its_error(tmp_path):
+    sw = sweep(tmp_path, configs=("one", "two"), venv=str(tmp_path / "no-venv"))
+    outcome = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
+    assert [(m.run_id, m.status, m.error and m.error.kind) for m in outcome.manifests] == [
+        ("one-1", "failed", "preflight"), ("two-1", "failed", "preflight")]
+    assert all("does not exist on a" in (m.error.message if m.error else "") for m in outcome.manifests)
+    assert [s for r, s, _ in journal(outcome) if r == "two-1"] == ["failed"]   # not tried: a was set aside
