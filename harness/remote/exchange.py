@@ -34,6 +34,7 @@ def auth_headers(env_name: str | None) -> dict[str, str]:
 APIS = {"completions": "/completions", "chat": "/chat/completions"}
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]+)[ \t]*(?:;.*)?")   # a chunk's size line: hex digits, extensions
 Reads = list[tuple[int, bytes]]
 
 
@@ -123,7 +124,10 @@ def _dechunk(reads: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
             eol = buf.find(b"\r\n")
             if eol < 0:
                 break
-            size = int(buf[:eol].split(b";")[0], 16)
+            line = _CHUNK_SIZE.fullmatch(buf, 0, eol)
+            if line is None:   # int() would take "-6" too, and then this loop would never end
+                raise ValueError(f"bad chunk size {buf[:min(eol, 40)]!r}")
+            size = int(line[1], 16)
             if size == 0:
                 yield t, b"".join(out)
                 return

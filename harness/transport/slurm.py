@@ -164,11 +164,15 @@ class _StepProcess:
         return self._proc.wait(deadline)
 
     def running(self) -> bool:
-        """Whether the srun itself still runs (the step holds a server)."""
+        """Whether the srun itself still runs (the step holds a server). Not once the login host's
+        link was lost: that srun is out of reach (the connection made again has no hold on it), and
+        what its step holds is stopped as any server is, by teardown or by the node's watchdog."""
         try:
             self._proc.wait(time.monotonic() + 0.1)   # long enough to see its pipes' end
         except TimeoutError:
             return True
+        except RemoteError:
+            return False
         return False
 
     def stderr(self) -> bytes:

@@ -12,7 +12,8 @@ traps are in the layers between (docs/reliability.md):
 - `Connection.run(timeout=...)` leaves the remote command running, and without a pty nothing is
   signalled when a channel closes: each command runs under coreutils `timeout` (its own process
   group, killed by the host itself a little after our deadline, even if we have lost the link),
-  prints that group's id first, and on our deadline we kill the group over a second channel.
+  prints that group's id first on a line of its own (whatever a login script printed before it is
+  dropped with it), and on our deadline we kill the group over a second channel.
 - files go up through the same exec channel (`cat > tmp && chmod && mv`), not SFTP: nothing to
   share between threads (paramiko #718), works where the sftp subsystem is off, atomic, one round trip.
 - every exec channel costs a login shell, and bash run by sshd reads ~/.bashrc whatever the command
@@ -36,6 +37,7 @@ import json
 import math
 import os
 import posixpath
+import re
 import secrets
 import select
 import shlex
@@ -232,25 +234,36 @@ def _open_channel(transport: paramiko.Transport, deadline: float) -> paramiko.Ch
 
 
 class _GroupCommand:
-    """What a wrapped command (`_wrap`) prints: its process group's id on stdout's first line, which
-    stdout loses; stderr kept aside."""
+    """What a wrapped command (`_wrap`) prints: its process group's id on a line of its own
+    (`_PGID_MARK` and the id), which stdout loses together with whatever a login script printed
+    before it; stderr kept aside."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str) -> None:
+        self._host = host
         self._err = Tail()
-        self._head: bytes | None = b""  # stdout until its first newline, the process group id; then None
+        self._head: bytearray | None = bytearray()  # stdout up to the group's line; then None
+        self._mark = -1   # where in `_head` the group's line begins, once it has come
         self._pgid: int | None = None
 
     def _strip_pgid(self, data: bytes) -> bytes:
-        if self._head is None:
+        head = self._head
+        if head is None:
             return data
-        line, newline, rest = (self._head + data).partition(b"\n")
-        if not newline:
-            self._head = line
+        seen = len(head)
+        head += data
+        if self._mark < 0:
+            self._mark = head.find(_PGID_MARK, max(seen - len(_PGID_MARK) + 1, 0))
+        end = head.find(b"\n", max(self._mark + len(_PGID_MARK), seen)) if self._mark >= 0 else -1
+        if end < 0:
+            if len(head) > _NOISE_MAX:
+                raise UnreachableError(f"the host printed {len(head)} bytes and not the line that starts a command "
+                                       "(a login script's output?)", host=self._host)
             return b""
         self._head = None
-        # Not a number when a login script printed first: then the group cannot be killed by id.
-        self._pgid = int(line) if line.isdigit() else None
-        return rest
+        # Not a number only if the host changed it: then the group cannot be killed by id.
+        found = _PGID.fullmatch(head, self._mark + len(_PGID_MARK), end)
+        self._pgid = int(found[1]) if found and int(found[1]) > 1 else None
+        return bytes(head[end + 1:])
 
     def stderr(self) -> bytes:
         return self._err.value()
@@ -261,7 +274,7 @@ class _ChannelProcess(_GroupCommand):
 
     def __init__(self, owner: SSHTransport, transport: paramiko.Transport, command: str,
                  stdin: bytes | None, deadline: float, watchdog: threading.Timer):
-        super().__init__()
+        super().__init__(owner.host.name)
         self._owner, self._transport, self._watchdog = owner, transport, watchdog
         self._stdin = memoryview(stdin) if stdin is not None else None
         try:
@@ -358,7 +371,10 @@ MUX_START_S = 15.0
 _MUX_SOURCE = Path(__file__).resolve().parents[1] / "remote" / "mux.py"
 _MUX_MAGIC = b"\x00harness-mux-1\n"   # harness/remote/mux.py MAGIC
 _MUX_FRAME_MAX = 1 << 20                # the starter reads 256 kB at a time: a longer frame is not its own
-_MUX_NOISE_MAX = 1 << 16                # what a login script may print before the starter's hello
+_NOISE_MAX = 1 << 16   # what a login script may print before the starter's hello, or before a command's start
+_PGID_MARK = b"harness-pgid-4b7e "   # begins the line `_wrap` prints before the command: its group's id
+_PGID = re.compile(rb"(\d{1,10})")
+_EXIT = re.compile(rb"(-?\d{1,10})")   # the starter's exit frame
 
 
 class _MuxUnavailable(Exception):
@@ -395,7 +411,7 @@ class _Mux:
         hello_by = min(deadline, time.monotonic() + MUX_START_S)
         try:
             while (at := mux.buf.find(_MUX_MAGIC)) < 0:
-                if len(mux.buf) > _MUX_NOISE_MAX or not mux._fill(hello_by):
+                if len(mux.buf) > _NOISE_MAX or not mux._fill(hello_by):
                     raise _MuxUnavailable
         except BaseException as e:
             mux.close()
@@ -500,7 +516,7 @@ class _MuxProcess(_GroupCommand):
 
     def __init__(self, owner: SSHTransport, mux: _Mux, command: str, stdin: bytes | None, deadline: float,
                  watchdog: threading.Timer):
-        super().__init__()
+        super().__init__(mux.host)
         self._owner, self._mux, self._watchdog = owner, mux, watchdog
         self._code: int | None = None
         mux.busy = True
@@ -512,7 +528,10 @@ class _MuxProcess(_GroupCommand):
             if kind == b"E":
                 self._err.feed(payload)
             elif kind == b"X":
-                self._code = int(payload) if payload.lstrip(b"-").isdigit() else -1
+                if (code := _EXIT.fullmatch(payload)) is None:
+                    self._mux.dead = True
+                    raise UnreachableError("the host's command starter sent a malformed frame", host=self._mux.host)
+                self._code = int(code[1])
                 self._mux.busy = False
             elif data := self._strip_pgid(payload):
                 return data
@@ -628,14 +647,16 @@ def _fast_transport(sock, **kwargs) -> paramiko.Transport:
 
 
 def _wrap(command: str, timeout: float) -> str:
-    """Run `command` with bash in a process group of its own that prints its id first.
+    """Run `command` with bash in a process group of its own that prints its id first, on a line that
+    begins with `_PGID_MARK`: what a login script printed before it is told apart from the command's
+    output by that line alone.
 
     coreutils `timeout` makes the group (it calls setpgid) and is the host's own timer: it fires
     REMOTE_GRACE_S after our deadline, so it matters only when we could not kill the group ourselves.
     `--norc`: bash run by sshd reads ~/.bashrc (Debian's SSH_SOURCE_BASHRC); the login shell already
     did, its exports are inherited, and reading it twice more cost 0.3 s a command on a pyenv host.
     """
-    inner = 'echo "$PPID"; exec bash --norc -c "$1"'
+    inner = f'echo "{_PGID_MARK.decode()}$PPID"; exec bash --norc -c "$1"'
     return (f"exec timeout -k 5 {math.ceil(max(timeout, 0)) + REMOTE_GRACE_S} "
             f"bash --norc -c {shlex.quote(inner)} harness {shlex.quote(command)}")
 

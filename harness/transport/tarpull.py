@@ -56,6 +56,10 @@ MAX_HEADER_READ = 16 << 20
 reads it whole into memory (a name or attribute list is a few kB); file data is never read whole."""
 LOCAL_RESERVE = 256 << 20
 """Free space the local disk keeps while a pull writes: the journal and manifests must still fit."""
+SKIPPED_MAX = 1000
+"""Entries left out (links, devices, names outside the folder) that a pull lists one by one; the rest
+are counted in one last entry. Each name is cut at SKIPPED_CHARS: a pax header may give one 16 MB."""
+SKIPPED_CHARS = 200
 
 
 class TooLarge(RemoteError):
@@ -114,6 +118,12 @@ class _Reader:
 
     def tell(self) -> int:
         return self._offset + self._pos
+
+    def restart(self) -> None:
+        """Count positions from here. tarfile takes the position it is opened at for the archive's
+        start, and reads a bad first header as an error only at position 0: past a line read first,
+        it would take one for the end of an empty archive."""
+        self._offset = -self._pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Forward only (tarfile skips a member's data, or its padding, with a seek)."""
@@ -339,6 +349,7 @@ class Staging:
         self.label = label
         self.max_bytes = max_bytes
         self.skipped: list[str] = []
+        self._skipped_more = 0   # entries left out past SKIPPED_MAX
         self._total = 0
         self._files: dict[str, tuple[str, int]] = {}  # relative path -> (sha256, size)
         self._unchecked = 0   # bytes written since the local disk's free space was last looked at
@@ -368,24 +379,26 @@ class Staging:
         plain tar, or tar compressed with zstd (what we ask for), gzip, bzip2 or xz (found out here).
         What the host sent is not trusted: whatever it makes go wrong is a Refused pull (a failed
         collect), never an exception of ours; only a full local disk is left as the OSError it is.
-        `announced`: the stream starts with the size line of `tar_command(announce=True)`. Every file
-        is on the disk (fsync) when this returns."""
+        `announced`: the stream is `tar_command(announce=True)`'s: the size line, then an archive
+        whose first entry is the folder itself (`./`, what `tar -C DIR -cf - .` writes first). Every
+        file is on the disk (fsync) when this returns."""
         wire = _Reader(read)
         try:
             if announced:
                 self._expect(wire.line(32))
+                wire.restart()
             head = wire.peek(6)
             if inflater := next((make for magic, make in _INFLATERS.items() if head.startswith(magic)), None):
-                self._extract(_Reader(_Inflated(wire, inflater()).read))
+                self._extract(_Reader(_Inflated(wire, inflater()).read), root=announced)
                 return
             if not head.startswith(_ZSTD_MAGIC):
-                self._extract(wire)
+                self._extract(wire, root=announced)
                 return
             if ZSTD is None:   # we never ask for zstd without having it: the host sent it unasked
                 raise Refused(f"pulling {self.label}: the host sent a zstd stream, and zstd is not installed here")
             unzstd = _Unzstd(wire)
             try:
-                self._extract(_Reader(unzstd.read))
+                self._extract(_Reader(unzstd.read), root=announced)
             finally:
                 unzstd.close()
         except OSError as e:
@@ -405,19 +418,23 @@ class Staging:
             raise TooLarge(f"the files of {self.label} take {int(size) / 1e9:.2f} GB and {self.local_dir.parent} "
                            f"has {free / 1e9:.2f} GB free: make room")
 
-    def _extract(self, stream: _Reader) -> None:
+    def _extract(self, stream: _Reader, *, root: bool = False) -> None:
         """Only directories and regular files, each through `_filter`; nothing here creates a link,
-        so no path can lead outside the staging directory once `_filter` has checked its name."""
+        so no path can lead outside the staging directory once `_filter` has checked its name.
+        `root`: the first entry must be the folder itself (`./`)."""
         members = 0
         self._syncer = _Syncer()
-        # The tar stream is read as a file that only goes forward: tarfile's stream mode copied every
-        # byte again, and read a header whole however large it said it was.
-        # typeshed's fileobj protocol asks for write too; reading never calls it
-        with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
-            for member in tar:
+        with self._open(stream) as tar:
+            while (member := tar.next()) is not None:
+                # tarfile keeps every entry it has read (`members`, for getmembers; typeshed leaves it
+                # out): a pull looks at each once, and a host's entries may carry megabytes each
+                tar.members.clear()  # type: ignore[attr-defined]
                 members += 1
                 if members > MAX_MEMBERS:
                     raise Refused(f"pulling {self.label}: more than {MAX_MEMBERS} entries")
+                if root and members == 1 and not (member.isdir() and member.name == "."):
+                    raise Refused(f"pulling {self.label}: the archive begins with {_clip(member.name)!r}, not "
+                                  "with the folder itself (./): not what tar sends of a folder")
                 if (member := self._filter(member, str(self._dir))) is None:
                     continue
                 path = self._dir / member.name
@@ -426,12 +443,29 @@ class Staging:
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     self._write(_member_reader(tar, stream, member), path, member)
+        if root and not members:   # a zero block first reads as an archive with nothing in it
+            raise Refused(f"pulling {self.label}: the archive is empty, without even the folder itself (./)")
         trailer = 0
         while chunk := stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
             trailer += len(chunk)
             if trailer > TRAILER_MAX:
                 raise Refused(f"pulling {self.label}: data goes on after the end of the archive")
         self._syncer.finish()
+
+    def _open(self, stream: _Reader) -> tarfile.TarFile:
+        """tarfile over our reader, its first header read. The tar stream is read as a file that only
+        goes forward: tarfile's stream mode copied every byte again, and read a header whole however
+        large it said it was. A stream with nothing in it is left to tarfile ("empty file"): the
+        remote tar wrote nothing, and its exit status says why; anything else that is no archive is
+        the host's doing."""
+        empty = not stream.peek(1)
+        try:
+            # typeshed's fileobj protocol asks for write too; reading never calls it
+            return tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
+        except tarfile.ReadError as e:
+            if empty:
+                raise
+            raise Refused(f"pulling {self.label}: what the host sent is not a tar archive ({e})") from e
 
     def _write(self, read: Callable[[int], bytes], path: Path, member: tarfile.TarInfo) -> None:
         digest = hashlib.sha256()
@@ -457,13 +491,13 @@ class Staging:
     def _filter(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
         why = None
         if member.issym() or member.islnk():
-            why = f"link to {member.linkname}"
+            why = f"link to {_clip(member.linkname)}"
         elif not (member.isreg() or member.isdir()):
             why = "special file"
         elif member.name.startswith("/") or ".." in PurePosixPath(member.name).parts:
             why = "outside the directory"
         if why:
-            self.skipped.append(f"{member.name} ({why})")
+            self._skip(member.name, why)
             return None
         self._total += member.size
         if self.max_bytes is not None and self._total > self.max_bytes:
@@ -471,6 +505,13 @@ class Staging:
         if member.size > (1 << 24):
             self._check_room(member.size)
         return tarfile.data_filter(member, dest)
+
+    def _skip(self, name: str, why: str) -> None:
+        """Note an entry left out: SKIPPED_MAX of them by name, each name cut short; the rest counted."""
+        if len(self.skipped) < SKIPPED_MAX:
+            self.skipped.append(f"{_clip(name)} ({why})")
+        else:
+            self._skipped_more += 1
 
     def _check_room(self, coming: int = 0) -> None:
         self._unchecked = 0
@@ -480,17 +521,45 @@ class Staging:
                            f"for what is coming ({coming / 1e9:.2f} GB more): make room")
 
     def commit(self) -> Pulled:
-        """Move the extracted tree into `local_dir` (merging if it exists), the renames on the disk."""
+        """Move the extracted tree into `local_dir` (merging if it exists), the renames on the disk.
+        A file of the host's where a folder is here, or a folder where a file is, is refused before
+        anything moves, so a refused merge leaves `local_dir` as it was."""
         if not self.local_dir.exists():
             os.rename(self._dir, self.local_dir)
             _fsync_dir(self.local_dir.parent)
         else:
+            self._check_merge()
             for rel in self._files:
                 dest = self.local_dir / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(self._dir / rel, dest)
             for folder in {(self.local_dir / rel).parent for rel in self._files}:
                 _fsync_dir(folder)
+        more = (f"... {self._skipped_more} more",) if self._skipped_more else ()
         return Pulled(files=len(self._files), bytes=sum(size for _, size in self._files.values()),
                       sha256={rel: digest for rel, (digest, _) in self._files.items()},
-                      skipped=tuple(self.skipped))
+                      skipped=(*self.skipped, *more))
+
+    def _check_merge(self) -> None:
+        """Refuse a merge that would put a file where `local_dir` has a folder, or need a folder where
+        it has a file (or a link to nothing): the moves would fail halfway through."""
+        folders: set[PurePosixPath] = set()
+        for rel in self._files:
+            dest = self.local_dir / rel
+            if dest.is_dir() and not dest.is_symlink():
+                raise Refused(f"pulling {self.label}: the host sent {_clip(rel)!r} as a file, and {dest} is a "
+                              "folder here; nothing was moved")
+            folders.update(PurePosixPath(rel).parents)
+        for folder in sorted(folders):
+            path = self.local_dir / folder
+            if os.path.lexists(path) and not path.is_dir():
+                raise Refused(f"pulling {self.label}: the host sent {_clip(str(folder))!r} as a folder, and "
+                              f"{path} is a file here; nothing was moved")
+
+
+def _clip(name: str) -> str:
+    """A name of the host's as a message or the manifest may hold it: at most SKIPPED_CHARS characters,
+    and bytes that are no UTF-8 (tarfile keeps them as lone surrogates) shown as `?`."""
+    if len(name) > SKIPPED_CHARS:
+        name = name[:SKIPPED_CHARS - 3] + "..."
+    return name.encode("utf-8", "replace").decode("utf-8")

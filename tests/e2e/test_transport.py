@@ -333,7 +333,8 @@ def test_a_pull_the_local_disk_cannot_hold_is_refused_before_any_file_arrives(tm
 @pytest.mark.parametrize("chunk", [1, 4093, 1 << 18, 1 << 22])
 def test_files_larger_than_a_read_arrive_whole_in_any_chunking(tmp_path, chunk):
     big, small = os.urandom((1 << 20) + 12345), b"tail"
-    stream = b"123\n" + archive(("profile/big.trace.json.gz", big, {}), ("log", small, {}), fmt=tarfile.GNU_FORMAT)
+    stream = b"123\n" + archive((".", None, {}), ("profile/big.trace.json.gz", big, {}), ("log", small, {}),
+                                fmt=tarfile.GNU_FORMAT)
     with Staging(tmp_path / "run", label="chunked") as staging:
         staging.extract(chunked(stream, chunk), announced=True)
         pulled = staging.commit()
