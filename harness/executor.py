@@ -35,7 +35,7 @@ from typing import Protocol
 import tenacity
 
 from harness.config.inventory import Host
-from harness.errors import HarnessError, Kind, RemoteError
+from harness.errors import HarnessError, Kind, RemoteError, RunFailed
 from harness.events import Events, Quiet
 from harness.hosts import HOST_BACKOFF_S, Beat, Connect, HostPool, HostState, internal_text
 from harness.journal import Journal, latest_states
@@ -96,6 +96,11 @@ class Transient(Exception):
 
     def __init__(self, manifest: RunManifest):
         self.manifest = manifest
+
+
+STOPPABLE = frozenset({"preflight", "launch", "health", "bench", "profile"})
+"""The phases a run does not begin once the sweep is stopping: an interrupt stops the servers in flight
+once, and a run in its preflight then would launch one after it. Teardown and collect still run."""
 
 
 class Unfit(Exception):
@@ -391,6 +396,9 @@ class Executor:
             raise RemoteError(f"{spec.nodes - len(nodes)} of the run's hosts lost their connection before "
                               "it started", host=host.name, kind=Kind.UNREACHABLE)
         def on_phase(phase: str) -> None:   # every node's host is in the run's phase
+            if self.stop.is_set() and phase in STOPPABLE:   # Ctrl-C came mid-run: no server starts after it
+                raise RunFailed(f"interrupted before {phase}", host=host.name, run_id=spec.run_id,
+                                kind=Kind.INTERRUPTED)
             self.events.phase(host.name, spec.run_id, phase)
             for rank, node in enumerate(nodes[1:], 1):
                 self.events.phase(node.host.name, spec.run_id, f"{phase} (node {rank})")

@@ -258,3 +258,29 @@ def test_runs_only_a_set_aside_host_could_take_fail_with_its_error(tmp_path):
         ("one-1", "failed", "preflight"), ("two-1", "failed", "preflight")]
     assert all("does not exist on a" in (m.error.message if m.error else "") for m in outcome.manifests)
     assert [s for r, s, _ in journal(outcome) if r == "two-1"] == ["failed"]   # not tried: a was set aside
+
+
+def test_a_run_in_its_preflight_at_ctrl_c_launches_no_server_after_it(tmp_path):
+    """The interrupt stops the servers of the runs in flight once; a run still in its preflight then
+    must not launch one after it (it outlived the exit until its lease lapsed)."""
+    import socket
+
+    from harness.transport.local import LocalTransport
+
+    executor: Executor
+
+    class InterruptedInPreflight(Faulty):
+        def run(self, command, **kw):
+            if " probe " in command:   # Ctrl-C while the host probes: what the main thread does then
+                executor._interrupt()
+            return super().run(command, **kw)
+
+    sw = sweep(tmp_path)
+    executor = Executor(sw, tmp_path / "results", jobs=1, lease_s=30,
+                        connect=lambda spec: InterruptedInPreflight(LocalTransport(spec), Faults()))
+    outcome = executor.run()
+    assert outcome.interrupted
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", sw.playbook.server.port)) != 0, "a server started after the interrupt"
+    # before: ["running", "interrupted", "ok"], the whole run (its server launched) after the interrupt
+    assert [s for r, s, _ in journal(outcome) if r == "one-1"] == ["running", "interrupted"]
