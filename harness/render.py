@@ -169,8 +169,14 @@ def render_template(path: Path, context: Mapping[str, Any]) -> str:
         source = path.read_text()
     except OSError as e:
         raise InputError(f"cannot read the launch template: {e.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"the launch template is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start})", file=str(path)) from None
     try:
         return _compiled_template(path.parent, source).render(context)
+    except UnicodeDecodeError as e:   # a template it includes
+        raise InputError(f"a template it includes is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start})", file=str(path)) from None
     except jinja2.UndefinedError as e:
         raise InputError(undefined(e, context), file=str(path), line=_template_line(e)) from None
     except jinja2.TemplateSyntaxError as e:

@@ -76,15 +76,21 @@ class ModelSpec(Strict):
         return self.served_name or self.path
 
 
+MAX_NAME = 200
+"""The longest configuration name: its run folders (`NAME-REPEAT`) and their files fit a file name."""
+
+
 class Server(Strict):
     port: int | None = Field(None, ge=1, le=65535, description="server port; default: the engine's")
-    host: str = Field("127.0.0.1", description="address the server binds; the client runs on the same host")
+    host: str = Field("127.0.0.1", description="address the server binds; the client runs on the same host",
+                      pattern=r"^([A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)$")
     args: Args = Field(default_factory=dict, description="flags for every configuration")
     env: Env = Field(default_factory=dict, description="environment for every configuration")
     startup_timeout_s: float = Field(1800, gt=0, description="give up waiting for health after this")
     rendezvous_port: int | None = Field(None, ge=1, le=65535, description="a server on several hosts: the "
                                         "port node 0 waits for the others on; default: the engine's")
-    health_path: str | None = Field(None, description="health endpoint; default: the engine's")
+    health_path: str | None = Field(None, description="health endpoint, from its leading /; default: the "
+                                    "engine's", pattern=r"^/[\x21-\x7e]*$")
     module: str | None = Field(None, description="Python module the engine needs (preflight checks it "
                                "imports); default: the engine's", pattern=r"^([A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
     help_command: str | None = Field(None, description="prints the engine's flags, for the preflight flag "
@@ -124,6 +130,9 @@ class Config(Strict):
     def _name(cls, v: str) -> str:
         if not CONFIG_NAME.match(v):
             raise ValueError("use letters, digits, '.', '_' and '-' (it names directories)")
+        if len(v) > MAX_NAME:   # a run's folder is its name and repeat: a file name holds 255 bytes
+            raise ValueError(f"a name of {len(v)} characters: at most {MAX_NAME} (it names directories; "
+                             "a matrix's points can be named shorter with fewer or shorter axis values)")
         return v
 
 

@@ -117,11 +117,12 @@ class RunContext:
     def server_address(self) -> str:
         """Where a client on the host reaches the server."""
         bind = self.sweep.playbook.server.host
-        return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+        return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind   # Linux's "::" takes IPv4 too
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.server_address}:{self.rendered.port}"
+        address = self.server_address
+        return f"http://{f'[{address}]' if ':' in address else address}:{self.rendered.port}"
 
     @contextmanager
     def phase(self, name: str):

@@ -248,3 +248,43 @@ def test_a_secret_flag_of_several_values_or_a_number_goes_where_secrets_go(files
     assert sweep.redactor.data({"a": [["sk-one-1111"], 98765, "x sk-two-2222"]}) == {"a": [[MASK], MASK, "x ***"]}
     assert masked_args({"api-key": [["a", "b"]], "max-tokens": 8, "hf-token": True}) == {
         "api-key": [[MASK, MASK]], "max-tokens": 8, "hf-token": True}
+
+
+@pytest.mark.parametrize("server, key", [
+    ("{health_path: health}", "server.health_path"),            # no leading /: http://HOST:PORThealth
+    ("{host: 'a b'}", "server.host"),
+    ("{host: '$(reboot)'}", "server.host"),
+])
+def test_server_values_that_would_break_a_url_are_refused_when_the_playbook_loads(files, server, key):
+    pb, inv = files(f"name: t\nhosts: gpu\nengine: sglang\nmodel: {{path: /m}}\nserver: {server}\n"
+                    "configs: [{name: a}]\n")
+    with pytest.raises(InputError) as e:
+        load_sweep(pb, inv)
+    assert e.value.key == key
+
+
+def test_an_ipv6_bind_address_is_bracketed_in_the_servers_url():
+    from types import SimpleNamespace
+
+    from harness.lifecycle.context import RunContext
+    url = RunContext.base_url.fget
+    assert url is not None
+    for address, expected in (("::1", "http://[::1]:8000"), ("10.0.0.1", "http://10.0.0.1:8000")):
+        assert url(SimpleNamespace(server_address=address, rendered=SimpleNamespace(port=8000))) == expected
+
+
+def test_a_configuration_name_too_long_for_a_folder_is_refused(files):
+    pb, inv = files(PLAYBOOK.replace("{name: tp8, args: {tp-size: 8}}", "{name: " + "x" * 260 + "}"))
+    with pytest.raises(InputError, match="at most 200"):
+        load_sweep(pb, inv)
+
+
+def test_a_template_or_an_include_that_is_not_utf8_is_named(files, tmp_path):
+    (tmp_path / "latin.sh.j2").write_bytes(b"#!/bin/bash\necho caf\xe9\n")
+    (tmp_path / "outer.sh.j2").write_text('#!/bin/bash\n{% include "latin.sh.j2" %}\n')
+    for template, said in (("latin.sh.j2", "the launch template is not UTF-8"),
+                           ("outer.sh.j2", "a template it includes is not UTF-8")):
+        pb, inv = files(PLAYBOOK + f"template: {template}\n")
+        with pytest.raises(InputError, match=said) as e:
+            load_sweep(pb, inv)
+        assert e.value.file == str(tmp_path / template)
