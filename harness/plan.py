@@ -11,6 +11,7 @@ Run ids begin with the configuration name: `tp8-1` (pool placement, repeat 1) or
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,7 @@ class Sweep:
 
     @property
     def redactor(self) -> Redactor:
-        values = []
+        values = [v for h in self.hosts for v in h.secret_values]
         for env in [self.playbook.server.env, *(c.env for c in self.playbook.all_configs),
                     *(h.env for h in self.hosts)]:
             values += [v for k, v in env.items() if is_secret(k, self.secret_names)]
@@ -136,16 +137,25 @@ class Sweep:
         out: dict[str, Any] = {}
         for loc, layer in layers:
             for key, value in layer.items():
-                out[key] = self._render_value(value, context, loc + (key,) if loc else None)
+                out[key] = self._render_value(value, context, loc + (key,) if loc else None,
+                                              secret=is_secret(key, self.secret_names))
         return out
 
-    def _render_value(self, value: Any, context: dict, loc: Loc | None) -> Any:
+    def _render_value(self, value: Any, context: dict, loc: Loc | None, *, secret: bool = False) -> Any:
         if isinstance(value, str):
             where = ".".join(str(p) for p in loc) if loc else "inventory env"
-            return render_string(value, context, where=where, file=str(self.doc.path) if loc else None,
-                                 line=self.doc.line(loc) if loc else None)
+            try:
+                return render_string(value, context, where=where, file=str(self.doc.path) if loc else None,
+                                     line=self.doc.line(loc) if loc else None)
+            except InputError as e:
+                if not secret:
+                    raise
+                # Jinja's message quotes the text it stumbled on: a piece of the secret
+                raise InputError("a secret's value that is not a valid template (its text is not shown); "
+                                 "braces a value must keep are written {{ '{{' }} and {{ '{%' }}",
+                                 file=e.file, key=e.key, line=e.line) from None
         if isinstance(value, list):
-            return [self._render_value(v, context, loc) for v in value]
+            return [self._render_value(v, context, loc, secret=secret) for v in value]
         return value
 
     def validate(self) -> None:
@@ -309,6 +319,21 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
     engine = engine_for(pb)
     sweep = Sweep(pb, doc, inventory, hosts, engine,
                   find_template(pb.template, engine, playbook_path), sweep_id or new_sweep_id(pb.name))
+    names = [c.name for c in pb.all_configs]
+    for name in pb.references if not pb.optuna else ():   # a search's trials are named as they come
+        if name != "*" and name not in names:
+            where: Loc = ("references", name)
+            near = difflib.get_close_matches(name, names, n=1)
+            raise InputError(f"names no configuration of the playbook{f' (did you mean {near[0]!r}?)' if near else ''}"
+                             f": its reference would never be checked (\"*\" is every configuration)",
+                             file=str(doc.path), key=".".join(map(str, where)), line=doc.line(where))
+    for path in pb.matrix.axes if pb.matrix else ():
+        section, name = path.split(".", 1)
+        if section != "benchmark" and is_secret(name, sweep.secret_names):
+            axis: Loc = ("matrix", "axes", path)
+            raise InputError("a secret is not a matrix axis: its values would name the runs (run ids, folders, "
+                             "the report); give it in server.env or a configuration's env",
+                             file=str(doc.path), key=".".join(map(str, axis)), line=doc.line(axis))
     sweep.runs = [] if pb.optuna else expand(pb, hosts, doc, engine)   # a search's runs come as it goes
     sweep.validate()
     if pb.optuna:   # the template's mistakes before any host, on the space's first point

@@ -1,15 +1,17 @@
 """Secrets: env values that must never appear in launch.sh, logs, manifests, the journal or errors.
 
 A name is secret when one of its words (split at `-`, `_`, `.` and between a lower-case letter and a
-capital) is or ends with TOKEN, SECRET(S), PASSWORD(S), PASSWD or KEY(S), in any case (HF_TOKEN, api-key,
-AWS_SECRET_ACCESS_KEY, NGC_APIKEY, apiKey), or when it is listed under `secrets:` in the inventory or
-the playbook. Words are what keep the engines' tuning flags and settings public: `max-num-batched-tokens`,
-`tokenizer`, TOKENIZERS_PARALLELISM hold no secret, and a value taken for one would be masked in
-every log and manifest (8192 would read *** wherever it appears). A server flag with a secret name
-(`api-key`) is a secret too: its value travels in an environment variable the flag names. Secret
-values reach the host in a mode-0600 file that the launch script sources; everything the harness
-writes or prints goes through `Redactor.text`, and so do the text files pulled back (an engine may
-log its arguments).
+capital) is or ends with TOKEN, SECRET(S), PASSWORD(S), PASSWD or KEY(S), or is PASS, in any case
+(HF_TOKEN, api-key, AWS_SECRET_ACCESS_KEY, NGC_APIKEY, apiKey, sudo_pass), or when
+it is listed under `secrets:` in the inventory or the playbook; an inventory's host variables of such
+names are masked as its env is. Words are what keep the engines' tuning flags and settings public:
+`max-num-batched-tokens`, `tokenizer`, TOKENIZERS_PARALLELISM hold no secret, and a value taken for
+one would be masked in every log and manifest (8192 would read *** wherever it appears).
+
+A server flag with a secret name (`api-key`) is a secret too: its value travels in an environment
+variable the flag names. Secret values reach the host in a mode-0600 file that the launch script
+sources; everything the harness writes or prints goes through `Redactor.text`, and so do the text
+files pulled back (an engine may log its arguments).
 
 A server launched with an API key (`--api-key`, vLLM and SGLang alike; or vLLM's VLLM_API_KEY) asks
 every client for it: the harness's own requests on the host (health, benchmark, profiler) read it
@@ -22,7 +24,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 MASK = "***"
-_SECRET_WORD = re.compile(r"(TOKEN|SECRETS?|PASSWORDS?|PASSWD|KEYS?)$", re.IGNORECASE)
+_SECRET_WORD = re.compile(r"(TOKEN|SECRETS?|PASSWORDS?|PASSWD|KEYS?)$|^PASS$", re.IGNORECASE)
 _WORDS = re.compile(r"[-_.\s]+|(?<=[a-z0-9])(?=[A-Z])")
 
 

@@ -35,6 +35,7 @@ from harness.config.playbook import ENV_NAME
 from harness.config.yamlfile import Loc, YamlDoc, dotted, load_yaml, read_text
 from harness.errors import InputError
 from harness.remote import DEFAULT_WORKDIR
+from harness.secrets import MASK, is_secret
 from harness.transport.base import HostSpec
 
 ALIASES = {
@@ -190,10 +191,19 @@ class Host(BaseModel):
                         transport=self.transport, python=f"{self.venv.rstrip('/')}/bin/python" if self.venv else None)
 
     def public(self, redact) -> dict[str, Any]:
-        """The entry as recorded in manifests: secrets redacted."""
+        """The entry as recorded in manifests: secrets redacted, those of its variables too (an Ansible
+        inventory's `ansible_become_pass`, an `hf_token` kept for a template)."""
         data = self.model_dump(mode="json")
-        data["env"] = redact.env(self.env)
+        data["env"] = redact.env(self.env, self.secrets)
+        data["vars"] = redact.data({k: MASK if is_secret(k, self.secrets) else v for k, v in data["vars"].items()})
         return data
+
+    @property
+    def secret_values(self) -> list[str]:
+        """The values of its secret env and variables, for the redactor: text, or a number as written."""
+        found = [v for k, v in self.env.items() if is_secret(k, self.secrets)]
+        return found + [str(v) for k, v in self.vars.items()
+                        if is_secret(k, self.secrets) and isinstance(v, (str, int, float)) and not isinstance(v, bool)]
 
 
 def _scalar_str(v):

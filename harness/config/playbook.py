@@ -271,6 +271,11 @@ References = Annotated[dict[str, dict[str, Reference | dict[int, Reference]]],
                        AfterValidator(_check_references)]
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of one type: YAML's true is not 1, nor "true"."""
+    return type(a) is type(b) and a == b
+
+
 class Matrix(Strict):
     axes: dict[str, list[Any]] = Field(min_length=1, description="path (args.FLAG, env.NAME, benchmark.FIELD) "
                                        "-> its values; the configurations are their product")
@@ -299,6 +304,10 @@ class Matrix(Strict):
                     _check_path(path)
                     if what == "exclude" and path not in self.axes:
                         raise ValueError(f"exclude[{i}]: {path!r} is not an axis (axes: {', '.join(self.axes)})")
+                    if what == "exclude" and not any(_same(entry[path], v) for v in self.axes[path]):
+                        # a typo, or "true" for true, would leave every point in without a word
+                        raise ValueError(f"exclude[{i}]: {path}: {entry[path]!r} is none of the axis's values "
+                                         f"({', '.join(repr(v) for v in self.axes[path])})")
         for target, source in self.link.items():
             _check_path(target)
             if source not in self.axes and not any(source in e for e in self.include):

@@ -97,6 +97,13 @@ matrix:
     ("axes: {args.tp: [1]}\n  link: {args.max-num-seqs: benchmark.concurrency}", "matrix",
      "'benchmark.concurrency' is not an axis"),
     ("axes: {benchmark.concurrency: [0]}", "matrix.benchmark.concurrency", "concurrency levels must be >= 1"),
+    # an exclude that matches no point left every point in without a word
+    ("axes: {args.tp: [1, 2]}\n  exclude: [{args.tp: 3}]", "matrix", "3 is none of the axis's values (1, 2)"),
+    ("axes: {args.enforce-eager: [true, false]}\n  exclude: [{args.enforce-eager: 'true'}]", "matrix",
+     "'true' is none of the axis's values (True, False)"),
+    # its values would name the runs and their folders
+    ("axes: {env.HF_TOKEN: [hf_a1, hf_b2]}", "matrix.axes.env.HF_TOKEN", "a secret is not a matrix axis"),
+    ("axes: {args.api-key: [sk-1, sk-2]}", "matrix.axes.args.api-key", "a secret is not a matrix axis"),
 ])
 def test_a_matrix_mistake_is_named_with_its_key_and_line(tmp_path, matrix, key, words):
     with pytest.raises(InputError) as e:

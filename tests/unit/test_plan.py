@@ -288,3 +288,19 @@ def test_a_template_or_an_include_that_is_not_utf8_is_named(files, tmp_path):
         with pytest.raises(InputError, match=said) as e:
             load_sweep(pb, inv)
         assert e.value.file == str(tmp_path / template)
+
+
+def test_an_inventorys_secret_host_variables_are_masked_where_the_host_is_recorded(files):
+    """An inventory keeps variables the harness does not use (`sudo_pass`), or a token a template
+    reads (`host.vars.hf_token`): sweep.json and every manifest record the host without them."""
+    import json
+
+    from harness.resume import sweep_record
+    pb, inv = files(inventory=INVENTORY.replace("{address: 10.0.0.1}", "{address: 10.0.0.1, hf_token: hf_InvSecret42, "
+                                                "sudo_pass: 'b3c0me!', gpus_per_node: 8}"))
+    sweep = load_sweep(pb, inv, sweep_id="s1")
+    recorded = json.dumps(sweep_record(sweep, started=0, finished=None, argv=[], kept=[]).model_dump(mode="json"))
+    assert "hf_InvSecret42" not in recorded and "b3c0me!" not in recorded
+    (g1,) = [h for h in sweep.hosts if h.name == "g1"]
+    assert g1.public(sweep.redactor)["vars"] == {"hf_token": "***", "sudo_pass": "***", "gpus_per_node": 8}
+    assert sweep.redactor.text("sudo -S <<< b3c0me!") == "sudo -S <<< ***"

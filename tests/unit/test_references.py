@@ -92,3 +92,15 @@ def test_a_failed_run_misses_its_per_concurrency_references_too():
     refs = parse_references({"tp8": {"itl_ms_p50": {1: [100, -0.1, 0.1], 8: [120, -0.1, 0.1]}}})
     misses = check_references([row(concurrency=None, itl_ms_p50=None)], refs)
     assert [m.reference for m in misses] == [100, 120]
+
+
+def test_a_reference_for_a_configuration_the_playbook_lacks_is_refused(tmp_path):
+    """`tp-8` for `tp8`: the reference would never be checked, and the sweep would end ok."""
+    from harness.plan import load_sweep
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  hosts:\n    localhost: {transport: local}\n")
+    with pytest.raises(InputError) as e:
+        load_sweep(playbook(tmp_path, {"tp-8": {"output_tok_s": [1000, -0.1, None]}}), inventory)
+    assert e.value.key == "references.tp-8" and "did you mean 'tp8'" in str(e.value) and e.value.line
+    load_sweep(playbook(tmp_path, {"*": {"output_tok_s": [1000, -0.1, None]},
+                                   "ep8": {"output_tok_s": [900, -0.1, None]}}), inventory)

@@ -69,3 +69,14 @@ def test_a_wrong_value_that_may_hold_a_secret_is_not_repeated_in_the_error(tmp_p
     pb.write_text("name: t\nhosts: localhost\nengine: sim\nmodel: {path: m}\nserver: {port: abc}\n")
     with pytest.raises(InputError, match="got 'abc'"):   # a plain value is still shown
         load_sweep(pb, inventory)
+
+
+def test_a_secrets_value_that_is_no_valid_template_is_refused_without_showing_it(tmp_path):
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("all:\n  hosts:\n    localhost: {transport: local}\n")
+    pb = tmp_path / "pb.yaml"
+    pb.write_text("name: t\nhosts: localhost\nengine: sim\nmodel: {path: m}\n"
+                  "server: {env: {HF_TOKEN: 'hf_Ab{%Cd9xQ'}}\nconfigs: [{name: a}]\n")
+    with pytest.raises(InputError) as e:
+        load_sweep(pb, inventory)
+    assert "Cd9xQ" not in str(e.value) and e.value.key == "server.env.HF_TOKEN" and "not shown" in str(e.value)
