@@ -35,6 +35,37 @@ def _say(line: str) -> None:
     err.print(Text(line), highlight=False)
 
 
+def _show(console: Console, line: str, **kwargs) -> None:
+    """A line that holds names or paths from outside (a sweep's folder, a playbook's path, a reason): as
+    written, never markup (`out[/]x` is a folder's name) nor emoji codes."""
+    console.print(line, markup=False, emoji=False, **kwargs)
+
+
+def _writable(path: Path, option: str, *, directory: bool) -> None:
+    """Refuse, before any work, an output the command could not write: a file where a directory goes or
+    a directory where a file goes, a path through a file, a directory that may not be written in."""
+    if path.exists():
+        if directory and not path.is_dir():
+            raise InputError("is a file, not a directory", file=str(path), key=option)
+        if not directory and path.is_dir():
+            raise InputError("is a directory: give the path of a file", file=str(path), key=option)
+    nearest = path if directory and path.is_dir() else path.parent
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise InputError(f"{nearest} is a file, not a directory", file=str(path), key=option)
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write in {nearest}", file=str(path), key=option)
+
+
+def _os_error(e: OSError) -> str:
+    """An operating system's refusal in one line, naming the path: `PATH: Is a directory`."""
+    if e.filename is None:
+        return str(e)
+    both = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
+    return f"{both}: {e.strerror or e}"
+
+
 Inventory = Annotated[Path, typer.Option("-i", "--inventory", help="inventory file")]
 Limit = Annotated[str | None, typer.Option("--limit", help="hosts: a name, a group or a glob")]
 
@@ -71,6 +102,9 @@ def exits(fn):
         except HarnessError as e:  # a message may hold `[host]` or `[/]`: text, never markup
             err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
+        except OSError as e:  # a path the system refused (a directory where a file goes, no space left)
+            err.print(Text.assemble(("error: ", "red"), _os_error(e)), highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
@@ -104,6 +138,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     from harness.report.references import sweep_misses
     from harness.results import latest_sweep
 
+    _writable(output, "--output", directory=True)
     until = None
     if deadline:
         try:
@@ -129,8 +164,8 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if dry_run and resume:
         from harness.resume import plan_resume
         left = plan_resume(sw, output / sw.sweep_id, retry_failed=retry_failed, accept_changes=accept_changes)
-        out.print(f"--resume of {sw.sweep_id} would run {len(left.todo)} of {len(sw.runs)} runs: "
-                  + (", ".join(s.run_id for s in left.todo) or "none"))
+        _show(out, f"--resume of {sw.sweep_id} would run {len(left.todo)} of {len(sw.runs)} runs: "
+              + (", ".join(s.run_id for s in left.todo) or "none"))
         if source is not None:
             out.print(f"then new trials until the budget of {source.total} runs ({len(source.trial_of)} asked so "
                       "far), the patience or the space ends the search", highlight=False)
@@ -138,8 +173,8 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if dry_run:
         return _print_plan(sw, "table")
     what = (f"a search of {source.total} runs at most" if source else f"{len(sw.runs)} runs")
-    out.print(f"sweep [bold]{sw.sweep_id}[/]: {what} on {', '.join(h.name for h in sw.hosts)}"
-              + (" (resumed)" if resume else ""))
+    out.print(Text.assemble("sweep ", (sw.sweep_id, "bold"), f": {what} on {', '.join(h.name for h in sw.hosts)}"
+                            + (" (resumed)" if resume else "")))
     if jobs and jobs > len(sw.hosts):
         err.print(f"note: --jobs {jobs}, but one run at a time goes to a host: at most {len(sw.hosts)} at once here")
     from harness.slurm import allocations
@@ -152,13 +187,13 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
     if outcome.manifests:
         out.print(table(rows, title=f"{sw.sweep_id}"))
         if launch := launch_line(rows):
-            out.print(launch, markup=False, highlight=False, soft_wrap=True)
+            _show(out, launch, highlight=False, soft_wrap=True)
     _print_search([outcome.sweep_dir])
-    out.print(f"results: {outcome.sweep_dir}")
+    _show(out, f"results: {outcome.sweep_dir}")
     resume_hint = (f"finish it with: harness sweep {playbook} --resume"
                    + (f" -o {output}" if output != Path("results") else ""))
     if outcome.interrupted:
-        err.print(f"interrupted: {resume_hint}")
+        _show(err, f"interrupted: {resume_hint}")
         raise typer.Exit(130)
     if outcome.fatal:
         err.print(Text.assemble(("error: ", "red"), outcome.fatal), soft_wrap=True)
@@ -173,7 +208,7 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
     skipped = [m for m in outcome.manifests if m.status == "skipped"]
     if skipped:
-        err.print(f"{len(skipped)} runs did not start ({skipped[0].skipped}): {resume_hint}")
+        _show(err, f"{len(skipped)} runs did not start ({skipped[0].skipped}): {resume_hint}")
     if outcome.failed or misses or skipped:
         raise typer.Exit(1)
 
@@ -201,7 +236,7 @@ def _print_search(paths: list[Path]) -> None:
     for part, launch in render_searches(paths):
         out.print(part)
         if launch:
-            out.print(f"launch: {launch}", markup=False, highlight=False, soft_wrap=True)
+            _show(out, f"launch: {launch}", highlight=False, soft_wrap=True)
 
 
 def _print_plan(sw, format: str) -> None:
@@ -226,13 +261,13 @@ def _print_plan(sw, format: str) -> None:
     out.print(f"{len(entries)} runs ({configs} configurations{hosts} x {repeat} repeat{'s' * (repeat > 1)}):",
               highlight=False)
     for e in entries:
-        out.print(f"  {e['run_id']}  [dim]on {e['host']}[/]", highlight=False, soft_wrap=True)
+        out.print(Text.assemble(f"  {e['run_id']}  ", (f"on {e['host']}", "dim")), soft_wrap=True)
     if any(h.workdir.startswith("~") for h in sw.hosts):
         err.print(Text("note: a workdir's leading ~ stands for the host user's home here; the sweep renders each "
                        "script with the absolute folder it finds on the host", style="dim"), highlight=False)
     for e in entries:
-        out.rule(f"{e['run_id']}  [dim]on {e['host']}[/]")
-        out.print(e["script"], markup=False, highlight=False, soft_wrap=True)
+        out.rule(Text.assemble(f"{e['run_id']}  ", (f"on {e['host']}", "dim")))
+        _show(out, e["script"], highlight=False, soft_wrap=True)
 
 
 def _print_search_plan(sw, format: str) -> None:
@@ -243,9 +278,9 @@ def _print_search_plan(sw, format: str) -> None:
     if format == "json":
         print(json.dumps(plan, indent=2))
         return
-    out.print(plan_text(plan), highlight=False, markup=False)
-    out.rule(f"the first point, {plan['example']['run_id']}  [dim]on {plan['example']['host']}[/]")
-    out.print(plan["example"]["script"], markup=False, highlight=False, soft_wrap=True)
+    _show(out, plan_text(plan), highlight=False)
+    out.rule(Text.assemble(f"the first point, {plan['example']['run_id']}  ", (f"on {plan['example']['host']}", "dim")))
+    _show(out, plan["example"]["script"], highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -293,6 +328,8 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
     from harness.remote import bench as client
     from harness.report.bench_view import render_bench
 
+    _writable(output, "--output", directory=False)
+    _writable(output.with_name("requests.jsonl"), "--output", directory=False)
     try:
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
     except ValueError:
@@ -308,6 +345,7 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
             raise InputError(f"{api_key_env} is not set in the environment", key="--api-key-env")
         headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
     from harness.report.live import BenchProgress
+    client.raise_file_limit()   # a level of many streams holds a socket each
     try:
         with BenchProgress(err) as shown:
             result = client.run_benchmark(url, model, concurrency=levels, requests=requests, warmup=warmup,
@@ -318,11 +356,10 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
         raise InputError(str(e), key="harness bench") from None
     client.write_results(result, output)
     out.print(render_bench(result))
-    out.print(f"wrote {output} and {output.parent / 'requests.jsonl'}")
+    _show(out, f"wrote {output} and {output.with_name('requests.jsonl')}")
     failed = client.failures(result)
     if failed:
-        err.print("requests failed, so these figures cannot be trusted:\n  " + "\n  ".join(failed),
-                  markup=False)
+        _show(err, "requests failed, so these figures cannot be trusted:\n  " + "\n  ".join(failed))
         raise typer.Exit(1)
 
 
@@ -357,7 +394,7 @@ def compare(results: list[Path],
     if format == "table":
         out.print(cmp.table(rows))
         if launch := cmp.launch_line(rows):
-            out.print(launch, markup=False, highlight=False, soft_wrap=True)
+            _show(out, launch, highlight=False, soft_wrap=True)
         _print_search(results)
     elif format in ("json", "csv", "markdown"):
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
@@ -377,7 +414,8 @@ def report(results: list[Path],
     """A self-contained HTML report: comparison, roofline, plots, failures and host facts."""
     from harness.report.html import write_report
 
-    out.print(f"wrote {write_report(results, output, baseline=baseline)}")
+    _writable(output, "--output", directory=False)
+    _show(out, f"wrote {write_report(results, output, baseline=baseline)}")
 
 
 @app.command()
@@ -409,9 +447,11 @@ def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
     from harness.results import SweepLayout
     from harness.slurm import allocations
 
+    _writable(output, "--output", directory=True)
     sw = prepare(run_dir, inventory, host=host, results=output)
     with allocations(sw, log=_say) as (sw, connect):
-        out.print(f"reproducing [bold]{run_dir}[/] on {sw.hosts[0].name} as sweep {sw.sweep_id}")
+        out.print(Text.assemble("reproducing ", (str(run_dir), "bold"),
+                                f" on {sw.hosts[0].name} as sweep {sw.sweep_id}"))
         outcome = Executor(sw, output, events=Display(err), argv=sys.argv[1:], connect=connect).run()
     if outcome.interrupted:
         raise typer.Exit(130)
@@ -419,7 +459,7 @@ def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
     new_dir = SweepLayout(outcome.sweep_dir).run(manifest.run_id).dir
     out.print(render_comparison(compare_runs(run_dir, new_dir), before=f"original ({run_dir.name})",
                                 after=f"now ({sw.hosts[0].name})"))
-    out.print(f"results: {outcome.sweep_dir}")
+    _show(out, f"results: {outcome.sweep_dir}")
     if not manifest.ok:
         err.print(Text.assemble(("the reproduced run failed: ", "red"),
                                 manifest.error.message if manifest.error else "no error recorded"))

@@ -1,9 +1,10 @@
 """Stream the events of a torch.profiler (Kineto) Chrome trace without holding the file in memory.
 
 Traces are often gigabytes, so the file (plain, or gzip read as a stream) is read as bytes in chunks
-of a megabyte and only the current chunk is held. The top-level object is walked key by key:
-small values (`distributedInfo`, `deviceProperties`, ...) are decoded whole into `meta`, wherever
-they sit relative to `traceEvents`. From the events array only complete events of the wanted
+of a megabyte and only the current chunk is held. The top-level object is walked key by key, wherever
+its keys sit relative to `traceEvents`: those read later (`META_KEYS`: `distributedInfo`) are decoded
+into `meta`, up to a megabyte of text each; every other (`deviceProperties`, ...) is stepped over
+without being decoded, however large or deep. From the events array only complete events of the wanted
 categories come out, as `Event` tuples. A byte range of the array can be read on its own (see
 `event_start_at`), which is how one large file is shared between worker processes; the bytes are
 those of the JSON text, so a gzip'd file's range is found by inflating the stream up to it.
@@ -27,7 +28,9 @@ ones are found with one regular expression over the raw bytes, without decoding 
    Demangled names contain `{lambda()#1}, {lambda()#2}`, which is why the cut is proven by decoding.
 
 An event with a wanted category and a `dur` is a complete event: Chrome's format gives `dur` to
-`"ph": "X"` alone.
+`"ph": "X"` alone. A wanted event whose name is not a string, or whose ts or dur is not a number from 0
+to `MAX_TIME_US` (NaN, Infinity, a negative duration, a 400-digit integer), makes the file unreadable:
+its figures could not be right. So does nesting deeper than Python's decoder goes.
 """
 
 from __future__ import annotations
@@ -61,6 +64,13 @@ _DECODE_BYTES = 256 << 10
 """At most this much is decoded in full at a time (the events the learned layout cannot vouch for)."""
 _PROBE_BYTES = 256 << 10
 """An event boundary is proven by decoding the event after it, read this far at most."""
+_META_BYTES = 1 << 20
+"""A top-level value that is read (META_KEYS), or a key, is at most this much text."""
+META_KEYS = frozenset({"distributedInfo"})
+"""The top-level keys besides traceEvents that are read (summary: the rank); the others are skipped
+undecoded."""
+MAX_TIME_US = 1e18
+"""A ts or dur past this (30,000 years in microseconds) is no clock's; below it sums stay finite."""
 _WHITESPACE = b" \t\n\r"
 _FIELDS = ("cat", "name", "pid", "tid", "ts", "dur")
 
@@ -84,16 +94,19 @@ def iter_event_batches(path: Path, meta: dict, wanted: frozenset[str], *, start:
                        stop: int | None = None) -> Iterator[list[Event]]:
     """Yield every complete event whose category is in `wanted`, in lists, in file order.
 
-    `meta` receives the other top-level keys. With `start` (an event's first byte, from
+    `meta` receives the top-level keys of META_KEYS. With `start` (an event's first byte, from
     `event_start_at`) only events from there on are read, and with `stop` only those before it; the
     top-level keys come only from the part of the file a range covers. Any read or decode failure
-    (truncated gzip, broken JSON, no traceEvents) becomes an InputError that names the file.
+    (truncated gzip, broken JSON, no traceEvents, a malformed wanted event, nesting too deep to decode)
+    becomes an InputError that names the file.
     """
     try:
         with _open_at(path, start) as f:
             yield from _Parser(f.read, meta, wanted, base=start, stop=stop).events(in_array=start > 0)
-    except (*INFLATE_ERRORS, ValueError) as e:  # a JSONDecodeError is a ValueError
+    except (*INFLATE_ERRORS, ValueError, OverflowError) as e:  # a JSONDecodeError is a ValueError
         raise InputError(f"not a readable trace: {e}", file=str(path)) from e
+    except RecursionError as e:
+        raise InputError("not a readable trace: a value nested too deep to decode", file=str(path)) from e
 
 
 def json_size(path: Path) -> int | None:
@@ -174,6 +187,11 @@ def _start_in(buf: bytes, lead: int, base: int) -> int | None:
 
 def _is_event_start(buf: bytes, brace: int, lo: int) -> bool:
     """Whether buf[brace] opens an array element that decodes as an event (an object with "ph")."""
+    k = brace + 1
+    while k < len(buf) and buf[k] in _WHITESPACE:
+        k += 1
+    if k < len(buf) and buf[k] != 0x22:   # not a key: `{}` (a run of them after the array costs nothing)
+        return False
     k = brace - 1
     while k > lo and buf[k] in _WHITESPACE:
         k -= 1
@@ -186,7 +204,7 @@ def _is_event_start(buf: bytes, brace: int, lo: int) -> bool:
         return False
     try:
         value, _ = _decoder.raw_decode(_text(buf[brace:brace + _PROBE_BYTES]))
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(value, dict) and "ph" in value
 
@@ -214,15 +232,18 @@ class _Parser:
                 in_array, seen_events = False, True
             if self._peek(b",") == b"}":
                 break
-            key = self._value()
+            at = self.base + self.pos
+            key = self._value(_META_BYTES)
             if not isinstance(key, str):
-                raise ValueError(f"expected a key at byte {self.base + self.pos}, found {key!r}")
+                raise ValueError(f"expected a key at byte {at}, found {str(key)[:80]!r}")
             self._expect(b":")
             if key == "traceEvents":
                 self._expect(b"[")
                 in_array = True
+            elif key in META_KEYS:
+                self.meta[key] = self._value(_META_BYTES)
             else:
-                self.meta[key] = self._value()
+                self._skip()
         if not seen_events:
             raise ValueError("no traceEvents array")
 
@@ -271,11 +292,12 @@ class _Parser:
         events = [(ev["cat"], ev.get("name", ""), ev.get("pid"), ev.get("tid"), ev.get("ts"), ev.get("dur"))
                   for ev in decoded
                   if isinstance(ev, dict) and ev.get("cat") in wanted and ev.get("ph") == "X"]
-        # decoded JSON: that ts and dur are numbers is the trace's word (Chrome's format), as when scanned
+        for event in events:
+            _check(event)
         return cast(list[Event], events)
 
-    def _value(self) -> object:
-        """The JSON value at the cursor, reading more until it is complete."""
+    def _value(self, limit: int = _MAX_VALUE_BYTES) -> object:
+        """The JSON value at the cursor, reading more until it is complete (at most `limit` bytes)."""
         self._peek()
         while True:
             text = _text(self.buf[self.pos:])
@@ -284,14 +306,67 @@ class _Parser:
             except json.JSONDecodeError as e:
                 if self.eof and e.pos >= len(text):
                     raise ValueError("the file ends in the middle of the trace") from e
-                if self.eof or len(text) > _MAX_VALUE_BYTES:
+                if self.eof:
                     raise ValueError(f"{e.msg} at byte {self.base + self.pos + e.pos}") from e
+                if len(text) > limit:
+                    raise ValueError(f"no whole value in the {limit >> 20} MB from byte {self.base + self.pos} "
+                                     f"({e.msg})") from e
             else:
                 # A number that runs to the end of the buffer may continue in the next chunk.
                 if end < len(text) or self.eof:
                     self.pos += len(text[:end].encode("utf-8", "surrogateescape"))
                     return value
             self._fill()
+
+    def _skip(self) -> None:
+        """Step over the JSON value at the cursor without decoding it: its strings (escapes and all) are
+        passed whole and its brackets only counted, so no depth or size of it costs more memory than
+        the chunk in hand. A value that is not JSON may pass unnoticed; the keys and events around it
+        are still checked."""
+        if self._peek() not in b'"[{':   # a number or a literal: up to the comma or brace after it
+            while (found := _SCALAR_END.search(self.buf, self.pos)) is None:
+                self.pos = len(self.buf)
+                self._more()
+            self.pos = found.start()
+            return
+        depth = 0
+        while True:
+            buf = self.buf
+            for m in _SKIPPED.finditer(buf, self.pos):
+                first, end = m.span()
+                if end - first > 1:        # a whole string
+                    if depth == 0:
+                        self.pos = end
+                        return
+                elif buf[first] == 0x22:   # a string that goes on past the chunk
+                    self.pos = end
+                    self._skip_string()
+                    if depth == 0:
+                        return
+                    break
+                else:
+                    depth += 1 if buf[first] in b"[{" else -1
+                    if depth == 0:
+                        self.pos = end
+                        return
+            else:
+                self.pos = len(buf)
+                self._more()
+
+    def _skip_string(self) -> None:
+        """Step past the rest of a string whose opening quote is behind the cursor, chunk by chunk."""
+        while True:
+            self.pos = cast(re.Match, _STRING_BODY.match(self.buf, self.pos)).end()
+            if self.pos < len(self.buf) and self.buf[self.pos] == 0x22:   # its closing quote
+                self.pos += 1
+                return
+            self._more()   # its end, or a backslash whose escaped byte is in the next chunk
+
+    def _more(self) -> None:
+        """Read on, keeping what is after the cursor; the file must not end here."""
+        if self.eof:
+            raise ValueError("the file ends in the middle of the trace")
+        self._fill()
 
     def _peek(self, skip: bytes = b"") -> bytes:
         """The next significant byte, past whitespace and any of `skip`."""
@@ -327,6 +402,41 @@ class _Decoded(dict):
     def __missing__(self, raw: bytes) -> object:
         value = self[raw] = _decoder.decode(raw.decode("utf-8", "replace"))
         return value
+
+
+_SKIPPED = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"', re.DOTALL)
+"""What a skipped value's end depends on: a whole string, a bracket, or a string's opening quote alone."""
+_STRING_BODY = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)   # up to its quote (or a lone \ at the end)
+_SCALAR_END = re.compile(rb'[,}\]]')
+
+
+def _plausible(times: list[float]) -> bool:
+    """Whether a column of scanned times are all from 0 to MAX_TIME_US (a scanned number is never NaN)."""
+    return not times or (min(times) >= 0 and max(times) <= MAX_TIME_US)
+
+
+def _time(value: object) -> bool:
+    """Whether a decoded ts or dur is a number from 0 to MAX_TIME_US (not NaN, not Infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_TIME_US
+
+
+def _check(event: tuple) -> None:
+    """A decoded wanted event as the analysis needs it (module docstring), else ValueError naming it."""
+    _, name, _, _, ts, dur = event
+    if not isinstance(name, str):
+        raise ValueError(f"malformed trace event: its name is {_shown(name)}, not a string")
+    for field, value in (("ts", ts), ("dur", dur)):
+        if not _time(value):
+            raise ValueError(f"malformed trace event {name[:80]!r}: its {field} is {_shown(value)}, not a time "
+                             f"in microseconds from 0 to {MAX_TIME_US:g}")
+
+
+def _shown(value: object) -> str:
+    """A decoded value, as the trace wrote it, in 80 characters at most."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 30:
+        return f"an integer of {value.bit_length()} bits"
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 _STRING = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'   # a JSON string's body, escapes and all
@@ -388,9 +498,12 @@ class _Layout:
         elif len(found) != len(count.findall(buf, start, end)):
             return None
         # Column by column, so that the per-event work stays in C.
+        starts, durs = list(map(float, ts)), list(map(float, dur))
+        if not (_plausible(starts) and _plausible(durs)):
+            return None   # decoded in full, where the event is named
         values = self.values.__getitem__
         return list(zip(map(self.cats.__getitem__, cat), map(self.names.__getitem__, name), map(values, pid),
-                        map(values, tid), map(float, ts), map(float, dur), strict=True))
+                        map(values, tid), starts, durs, strict=True))
 
 
 class _Names(dict):

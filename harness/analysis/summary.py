@@ -82,8 +82,8 @@ def summarize_range(path: Path, start: int = 0, stop: int | None = None) -> Tota
     try:
         for batch in iter_event_batches(path, totals.meta, _WANTED, start=start, stop=stop):
             totals.add(batch)
-    except (TypeError, AttributeError) as e:
-        # An event whose ts, dur or name is missing or of the wrong type.
+    except (TypeError, AttributeError, OverflowError) as e:
+        # An event of the wrong shape that the reader let through (a pid that is a list).
         raise InputError(f"malformed trace event ({e})", file=str(path)) from e
     return totals
 

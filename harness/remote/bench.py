@@ -286,7 +286,12 @@ def _ticker(on_tick: Callable[[dict], None], label: str, concurrency: int | None
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def write_results(result: dict, out_path) -> None:
@@ -387,8 +392,30 @@ def failures(result: dict, max_share: float = 0.0) -> list[str]:
     return lines
 
 
+def raise_file_limit() -> None:
+    """Let this process open as many sockets as the host allows: a level of 2,000 streams holds 2,000
+    connections, past the soft limit of 1,024 file descriptors that most hosts set. The soft limit goes
+    up to the hard one (an unlimited hard one: as far as the kernel allows); where it cannot, it stays,
+    and a request that finds no descriptor fails as a refused connection does (loop.py)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # an unlimited hard limit: the kernel's own ceiling (fs.nr_open, 2**20 by default), else less
+    for limit in [hard] if hard != resource.RLIM_INFINITY else [1 << 20, 1 << 16]:
+        if soft == resource.RLIM_INFINITY or soft >= limit:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            return
+        except (ValueError, OSError):
+            continue
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    raise_file_limit()
     if args.prompt_file:
         try:
             with open(args.prompt_file, encoding="utf-8") as f:
@@ -396,6 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, UnicodeDecodeError) as e:
             print(f"bench.py: error: cannot read --prompt-file: {e}", file=sys.stderr)
             return 2
+    out = Path(args.out)
+    if out.is_dir() or out.with_name(RunFiles.REQUESTS).is_dir():
+        print(f"bench.py: error: --out {args.out}: bench.json and requests.jsonl are files; a directory is there",
+              file=sys.stderr)
+        return 2
     plan = args.plan or {}
     if args.plan is not None:
         given = [o for o, v in (("--concurrency", args.concurrency), ("--max-tokens", args.max_tokens),

@@ -20,7 +20,9 @@ Definitions (per request; a level's distributions pool its completed requests):
     schedule lag (open loop) = sent - scheduled; achieved rate = (sent - 1) / (last send - first send)
     goodput = requests meeting every SLO bound (each its own TTFT, TPOT, E2E, ITL percentile) / duration
     completion_tokens from the server's usage; without usage, the chunk count (tokens_from: "chunks")
-    level duration = first send to last finish; output_tok_s = completed requests' tokens / duration
+    level duration = first send to last finish; output_tok_s = completed requests' tokens / duration.
+           A request that failed before it was sent (its connection refused) has no send time and
+           starts nothing; a level that sent nothing has no duration (0) and no rates (null)
     decode = the steady-state window, rule "first-wave" (named in bench.json as decode.rule): among
              the first `concurrency` requests sent, from the last of their first tokens to the first
              of their last tokens, so every stream of the batch decodes and no newcomer's prefill
@@ -80,11 +82,18 @@ def _per_token(itl: list[float], o: Outcome, tokens: int) -> list[float]:
     return [gap / per_chunk for gap in itl] if per_chunk > 0 else []
 
 
+def _sent(o: Outcome) -> bool:
+    """Whether the request went out: a failed one without a send time (0: its connection refused, no
+    socket to be had) never did; a completed one did."""
+    return o.error is None or o.sent_ns != 0
+
+
 def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> dict | None:
     """Steady-state decode of the first wave: every one of its streams is past its first token and
     none has finished, so no prefill of a newcomer interrupts. Chunk counts are scaled to tokens by
     each request's usage/chunks ratio. None when the window is empty."""
-    wave = [o for o in sorted(outcomes, key=lambda o: o.sent_ns)[:concurrency] if o.error is None and o.times]
+    sent = sorted(filter(_sent, outcomes), key=lambda o: o.sent_ns)
+    wave = [o for o in sent[:concurrency] if o.error is None and o.times]
     if not wave:
         return None
     start, end = max(o.times[0] for o in wave), min(o.times[-1] for o in wave)
@@ -104,15 +113,15 @@ def summarize_level(concurrency: int | None, outcomes: Sequence[Outcome],
     records = [request_record(concurrency, i, o) for i, o in
                enumerate(sorted(outcomes, key=lambda o: o.sent_ns if o.scheduled_ns is None else o.scheduled_ns))]
     ok = [r for r in records if r["error"] is None]
-    duration_s = 0.0
-    if outcomes:
-        duration_s = (max(o.end_ns for o in outcomes) - min(o.sent_ns for o in outcomes)) / 1e9
+    # requests refused before they were sent carry no send time (0): they do not start the level
+    started_ns = min((o.sent_ns for o in outcomes if _sent(o)), default=None)
+    ended_ns = max((o.end_ns for o in outcomes), default=None)
+    duration_s = (ended_ns - started_ns) / 1e9 if started_ns is not None and ended_ns is not None else 0.0
     output_tokens = sum(r["output_tokens"] for r in ok)
     level = {
         "concurrency": concurrency, "requests": len(records), "completed": len(ok),
         "failed": len(records) - len(ok), "duration_s": duration_s, "output_tokens": output_tokens,
-        "started_ns": min((o.sent_ns for o in outcomes), default=None),   # the clock of telemetry.jsonl
-        "ended_ns": max((o.end_ns for o in outcomes), default=None),
+        "started_ns": started_ns, "ended_ns": ended_ns,   # the clock of telemetry.jsonl
         "output_tok_s": output_tokens / duration_s if duration_s else None,
         "requests_per_s": len(ok) / duration_s if duration_s else None,
         "token_count_mismatches": sum(r["tokens_from"] == "usage" and r["output_tokens"] != r["chunks"]

@@ -40,7 +40,7 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
-from typing import Callable
+from typing import Callable, cast
 
 from .exchange import Outcome, Reads, Target, parse_exchange, parse_head
 
@@ -190,16 +190,28 @@ class _Loop:
             self.tick(self.finished)
 
     def _start(self, request: bytes, scheduled_ns: int | None = None) -> None:
+        """Open the request's connection. A socket the system will not give (no file descriptor left:
+        EMFILE) fails this request as a refused connection does, never the level."""
         t = self.target
-        sock = socket.socket(t.family, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        x = Exchange(sock, time.monotonic_ns() + self.timeout_ns, request, scheduled_ns)
+        deadline_ns = time.monotonic_ns() + self.timeout_ns
+        try:
+            sock = socket.socket(t.family, socket.SOCK_STREAM)
+        except OSError as e:
+            x = Exchange(cast(socket.socket, None), deadline_ns, request, scheduled_ns)   # no socket to close
+            x.state, x.error, x.end_ns = "done", f"cannot connect: {e}", time.monotonic_ns()
+            self.finished.append(x)
+            return
+        x = Exchange(sock, deadline_ns, request, scheduled_ns)
         self.live[x] = None
-        err = sock.connect_ex((t.address, t.port))
-        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
-            return self._finish(x, f"cannot connect: [Errno {err}] {os.strerror(err)}")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sel.register(sock, selectors.EVENT_WRITE, x)
+        try:
+            sock.setblocking(False)
+            err = sock.connect_ex((t.address, t.port))
+            if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+                return self._finish(x, f"cannot connect: [Errno {err}] {os.strerror(err)}")
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sel.register(sock, selectors.EVENT_WRITE, x)
+        except OSError as e:
+            return self._finish(x, f"cannot connect: {e}")
         if err == 0:   # connected at once (loopback usually is): send now, not after another select()
             self._advance(x)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
+
+from harness.report.plain import PlainTable
 
 NAME_WIDTH = 72
 _NOISE = re.compile(r"\bat::native::|\bat::|\bc10::|\(anonymous namespace\)::")
@@ -78,10 +79,10 @@ def short_name(name: str, width: int = 64) -> str:
     return f"{base}<{', '.join(parts)}, …>" if parts else name[:width - 1] + "…"
 
 
-def _table(title: str, name: str, *numbers: str) -> Table:
+def _table(title: str, name: str, *numbers: str) -> PlainTable:
     """A name column that gives way when the terminal is narrow (cells made by `_name` are cut with an
     ellipsis rather than wrapped), and figures that never wrap."""
-    table = Table(title=title, title_justify="left")
+    table = PlainTable(title=title, title_justify="left")
     table.add_column(name, overflow="ellipsis", max_width=NAME_WIDTH)
     for column in numbers:
         table.add_column(column, justify="right", no_wrap=True)

@@ -4,17 +4,17 @@ cut (three significant figures, as compare shows them), the unit in the title.""
 from __future__ import annotations
 
 from rich import box
-from rich.table import Table
 
 from harness.remote.stats import several_per_chunk
 from harness.report.compare import _fmt
+from harness.report.plain import PlainTable
 
 
-def render_bench(result: dict) -> Table:
+def render_bench(result: dict) -> PlainTable:
     levels = result.get("levels", [])
     per_token = any(several_per_chunk(lv) for lv in levels)
-    t = Table(title=f"{result.get('model')} at {result.get('url')} (latencies in ms)", header_style="bold",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    t = PlainTable(title=f"{result.get('model')} at {result.get('url')} (latencies in ms)", header_style="bold",
+                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     columns = ["conc", "done", "failed", "TTFT\np50", "ITL\np50", "ITL\np99"]
     columns += ["ITL/tok\np50", "tok/\nchunk"] if per_token else []
     columns += ["TPOT\np50", "E2E\np50", "tok/s", "req/s"]

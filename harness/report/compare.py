@@ -27,7 +27,6 @@ from pathlib import Path
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
-from rich.table import Table
 from rich.text import Text
 
 from harness.analysis.roofline import format_efficiency, roofline_for
@@ -36,6 +35,7 @@ from harness.remote.stats import STATS
 from harness.report import noise, telemetry_view
 from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
+from harness.report.plain import PlainTable
 from harness.report.references import check_references, references_of
 from harness.results import (
     BenchLevel,
@@ -298,18 +298,32 @@ def _verdicts(row: dict, ref: dict) -> None:
                                                            higher_is_better=True)
 
 
+def workload_of(row: dict) -> tuple[str | None, str]:
+    """A row's workload: its scenario and load kind ("concurrency" or "request_rate")."""
+    return row.get("scenario"), "request_rate" if row.get("request_rate") is not None else "concurrency"
+
+
 def winner(rows: list[dict]) -> dict | None:
-    """The configuration of most tok/s at the highest level measured, whether the intervals show it
-    ahead of the next one, and its launch command."""
+    """The configuration of most tok/s at the highest load measured of one workload (the first the rows
+    hold: its scenario and load kind; another scenario's rows are other work, not rivals), whether the
+    intervals show it ahead of the next one, and its launch command."""
     ok = [r for r in rows if r["ok"] and r.get("output_tok_s") and not r.get("probe")]
     if not ok:
         return None
-    top = max(r["concurrency"] or 0 for r in ok)
-    at = sorted((r for r in ok if (r["concurrency"] or 0) == top), key=lambda r: -r["output_tok_s"])
+    workloads = list(dict.fromkeys(map(workload_of, ok)))
+    scenario, kind = workloads[0]
+    ok = [r for r in ok if workload_of(r) == (scenario, kind)]
+
+    def load(row: dict) -> float:
+        return (row["request_rate"] if kind == "request_rate" else row["concurrency"]) or 0
+
+    top = max(map(load, ok))
+    at = sorted((r for r in ok if load(r) == top), key=lambda r: -r["output_tok_s"])
     best, second = at[0], (at[1] if len(at) > 1 else None)
     judged = second and noise.verdict(best.get("output_tok_s_ci"), second.get("output_tok_s_ci"),
                                       higher_is_better=True)
-    return {"config": best["config"], "concurrency": best["concurrency"], "output_tok_s": best["output_tok_s"],
+    return {"config": best["config"], "concurrency": best["concurrency"], "request_rate": best.get("request_rate"),
+            "scenario": scenario, "workloads": len(workloads), "output_tok_s": best["output_tok_s"],
             "ci": best.get("output_tok_s_ci"), "runner_up": second and second["config"],
             "runner_up_tok_s": second and second["output_tok_s"], "verdict": judged, "launch": best.get("launch")}
 
@@ -322,8 +336,12 @@ def launch_line(rows: list[dict]) -> str | None:
 
 def winner_text(w: dict) -> str:
     ci = f" [{_fmt(w['ci'][0])}-{_fmt(w['ci'][1])}]" if w.get("ci") else ""
-    at = f" at concurrency {w['concurrency']}" if w.get("concurrency") else ""
-    line = f"winner{at}: {w['config']}, {_fmt(w['output_tok_s'])} tok/s{ci}"
+    where = f" in scenario {w['scenario']}" if w.get("scenario") else ""
+    if (w.get("workloads") or 1) > 1:
+        where += f" (the first of {w['workloads']} workloads)"
+    at = (f" at {w['request_rate']:g} req/s" if w.get("request_rate") is not None else
+          f" at concurrency {w['concurrency']}" if w.get("concurrency") else "")
+    line = f"winner{where}{at}: {w['config']}, {_fmt(w['output_tok_s'])} tok/s{ci}"
     if w.get("runner_up"):
         if w["verdict"] == "better":
             line += f", ahead of {w['runner_up']} beyond the noise"
@@ -384,8 +402,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
     noisy = any("within noise" in (r.get("itl_verdict"), r.get("tok_s_verdict")) for r in rows)
     notes = (["latencies in ms"] + [f"Δ vs {base}"] * bool(base)
              + ["≈ within the noise (95% intervals overlap)"] * noisy + ["eff = roofline / ITL p50"] * roofline)
-    t = Table(title=f"{title} ({', '.join(notes)})", header_style="bold",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    t = PlainTable(title=f"{title} ({', '.join(notes)})", header_style="bold",
+                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("config", overflow="fold")   # a long name wraps; the numbers are never cut
     scenarios = any(r.get("scenario") for r in rows)
     t.add_column("load" if scenarios else "conc", justify="right", overflow="fold" if scenarios else "ellipsis",
@@ -485,8 +503,8 @@ def telemetry_table(rows: list[dict]) -> Group | None:
         notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
         return Group(Text("telemetry: " + "; ".join(notes), style="yellow")) if notes else None
     columns = [c for c in TELEMETRY_COLUMNS if any(r["telemetry"].get(c[0]) is not None for r in shown)]
-    t = Table(title="telemetry per level", header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False, collapse_padding=True)
+    t = PlainTable(title="telemetry per level", header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,
+                   pad_edge=False, collapse_padding=True)
     t.add_column("config", overflow="fold")
     t.add_column("load" if any(r.get("scenario") for r in shown) else "conc", justify="right", no_wrap=True)
     for _, label, _ in columns:
@@ -554,8 +572,8 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
     def change(value: float | None, ref_value: float | None) -> str:
         return "" if value is None or ref_value is None else f" {value - ref_value:+.2f}"
 
-    def categories(shown: list[str]) -> Table:
-        t = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+    def categories(shown: list[str]) -> PlainTable:
+        t = PlainTable(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
         t.add_column("config", overflow="fold")
         t.add_column("steps", no_wrap=True)
         t.add_column("GPU\nms/step", justify="right", no_wrap=True)
@@ -572,8 +590,8 @@ def _kernel_table(rows: list[dict], baseline: str | None) -> Group | None:
             t.add_row(*cells)
         return t
 
-    k = Table(title=f"top kernels (share of those steps' kernel time{f', points vs {against}' if refs else ''})",
-              header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+    k = PlainTable(title=f"top kernels (share of those steps' kernel time{f', points vs {against}' if refs else ''})",
+                   header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
     k.add_column("config", overflow="fold", min_width=min(18, max(map(len, per_config))))
     k.add_column("share", justify="right", no_wrap=True, min_width=9)
     k.add_column("kernel", overflow="fold", max_width=72)   # wrapped, never cut: its end tells kernels apart

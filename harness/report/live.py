@@ -14,9 +14,9 @@ import time
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
+from harness.report.plain import PlainTable
 from harness.results import RunManifest
 
 
@@ -63,7 +63,7 @@ class Display:
             return
         try:
             # soft_wrap: a message is one line to copy (a keyscan command, a fingerprint), however narrow
-            self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+            self.console.print(message, markup=False, emoji=False, highlight=False, soft_wrap=True)
         except OSError:  # the reader went away (a closed pipe): the sweep goes on, silently
             self.console = None
 
@@ -114,7 +114,7 @@ class Display:
         return sum(self.durations) / len(self.durations) * left / busy
 
     def _render(self):
-        table = Table(box=None, header_style="bold", pad_edge=False)
+        table = PlainTable(box=None, header_style="bold", pad_edge=False)
         for col in ("host", "run", "phase", "for"):
             table.add_column(col)
         now = time.monotonic()

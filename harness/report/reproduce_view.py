@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group, JustifyMethod
-from rich.table import Table
 from rich.text import Text
 
 from harness.report.analysis_view import short_name
+from harness.report.plain import PlainTable
 
 
 def _fmt(v) -> str:
@@ -28,13 +28,14 @@ def _level(key: tuple) -> str:
 
 def render_comparison(result: dict, *, before: str, after: str):
     parts = []
-    facts = Table(title="host facts that differ", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
+    facts = PlainTable(title="host facts that differ", box=box.SIMPLE_HEAD, title_justify="left",
+                       header_style="bold")
     for col in ("fact", before, after):
         facts.add_column(col, overflow="fold")
     for f in result["facts"]:
         facts.add_row(f["fact"], _fmt(f["before"]), _fmt(f["after"]))
     parts.append(facts if result["facts"] else Text("host facts: no difference", style="green"))
-    t = Table(title="results", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
+    t = PlainTable(title="results", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("level", "right"), ("metric", "left"), (before, "right"), (after, "right"), ("delta", "right"),
         ("noise", "right"), ("beyond?", "left"))
@@ -53,7 +54,7 @@ def render_comparison(result: dict, *, before: str, after: str):
         parts.append(Text("* a probe of search.max_load", style="dim"))
     k = result["kernels"]
     if k["before"] or k["after"]:
-        kt = Table(title="top kernels", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
+        kt = PlainTable(title="top kernels", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
         kt.add_column(before, overflow="ellipsis", no_wrap=True, max_width=45)
         kt.add_column(after, overflow="ellipsis", no_wrap=True, max_width=45)
         def cell(side: list, i: int) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
+from harness.report.plain import PlainTable
 from harness.results import SearchFile, SweepLayout, Unreadable, find_sweeps, load_run, read_search
 
 
@@ -64,8 +64,8 @@ def note(trial_state: str, duplicate_of: int | None, reason: str | None) -> str:
 
 
 def render_search(search: SearchFile) -> Group:
-    t = Table(title=headline(search), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
-              pad_edge=False, collapse_padding=True)
+    t = PlainTable(title=headline(search), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                   pad_edge=False, collapse_padding=True)
     t.add_column("trial", justify="right", no_wrap=True)
     t.add_column("config", overflow="fold")
     t.add_column(search.objective, justify="right", no_wrap=True)

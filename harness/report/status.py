@@ -7,13 +7,13 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from harness.errors import InputError
 from harness.journal import read_journal
 from harness.lock import describe, holder
 from harness.report.live import how_long
+from harness.report.plain import PlainTable
 from harness.results import SweepLayout, find_sweeps, read_sweep
 
 STYLE = {"ok": "green", "failed": "red", "running": "yellow", "retry": "yellow", "interrupted": "magenta",
@@ -60,7 +60,7 @@ def sweep_status(path: Path) -> dict:
 
 
 def render(status: dict):
-    t = Table(title=f"{status['sweep_id']}", box=box.SIMPLE_HEAD, header_style="bold", title_justify="left")
+    t = PlainTable(title=f"{status['sweep_id']}", box=box.SIMPLE_HEAD, header_style="bold", title_justify="left")
     for col in ("run", "state", "host", "attempt", "time", "note"):
         t.add_column(col)
     now = time.time()
