@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from harness.config.inventory import Host, load_inventory
 from harness.engines import Engine, get_engine
 from harness.errors import HarnessError
 from harness.remote import install, tool_command
+from harness.report.plain import PlainTable
 from harness.results.answers import AnswerError, Gpus, Probe, read_answer
 from harness.transport import connect
 
@@ -101,7 +103,7 @@ def check_these(hosts: list[Host], engine: str | Engine, port: int | None) -> li
 def render(results: list[HostCheck]) -> Table:
     """One row per host; its problems are `problem_lines`, printed whole under the table (a keyscan
     command or a fingerprint cut or broken in a cell cannot be copied)."""
-    t = Table(title="host check", header_style="bold")
+    t = PlainTable(title="host check", header_style="bold")
     for col in ("host", "status", "python", "GPUs", "disk free"):
         t.add_column(col)
     t.add_column("problems", justify="right")
@@ -109,7 +111,8 @@ def render(results: list[HostCheck]) -> Table:
         devices = r.probe.gpus.devices if r.probe else []
         gpu_text = f"{len(devices)} x {devices[0].name}" if devices else ("none" if r.probe else "-")
         disk = r.probe.disk_free_gb if r.probe else None
-        t.add_row(r.host, "[green]ok[/]" if r.ok else "[red]problem[/]", r.probe.python if r.probe else "-",
+        status = Text("ok", style="green") if r.ok else Text("problem", style="red")
+        t.add_row(r.host, status, r.probe.python if r.probe else "-",
                   gpu_text, f"{disk} GB" if disk is not None else "-", str(len(r.problems)) if r.problems else "-")
     return t
 
