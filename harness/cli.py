@@ -290,7 +290,8 @@ def check(playbook: Annotated[Path | None, typer.Argument(help="a playbook: chec
           inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
           engine: Annotated[str | None, typer.Option(help="engine to look for: sglang, vllm, sim... "
                                                      "(default: the playbook's, else sglang)")] = None,
-          port: Annotated[int | None, typer.Option(help="server port to check; default: the engine's")] = None):
+          port: Annotated[int | None, typer.Option(help="server port to check; default: the engine's",
+                                                   min=1, max=65535)] = None):
     """Preflight every host: reachable, host key, venv, engine importable, GPUs free, port free, disk."""
     from harness.check import check_hosts, check_these, problem_lines, render
 
