@@ -58,8 +58,10 @@ Event = tuple[str, str, object, object, float, float]
 CHUNK_BYTES = 1 << 20
 """Bytes read at a time: enough to amortise the per-chunk work, and small enough that a chunk and what
 is found in it stay small (1 MB read no slower than 4 here, with 9 MB less memory a process)."""
-_MAX_VALUE_BYTES = 64 << 20
-"""No event or top-level value is this large: past it, a value that will not decode is corrupt."""
+_MAX_VALUE_BYTES = 4 << 20
+"""No event is this large: past it, a value that will not decode is corrupt. Real events are a few kB
+(the largest of the vLLM, SGLang and transformers traces here: 1.7 kB; shapes of a cat of many tensors
+reach tens of kB), and decoding one takes about 30 times its size in memory."""
 _DECODE_BYTES = 256 << 10
 """At most this much is decoded in full at a time (the events the learned layout cannot vouch for)."""
 _PROBE_BYTES = 256 << 10

@@ -131,3 +131,16 @@ def test_large_top_level_values_nobody_reads_cost_no_memory(tmp_path):
     found = json.loads(done.stdout)
     assert found["rank"] == 5 and found["total_gpu_ms"] == pytest.approx(0.012)
     assert found["grew_kb"] < 30_000, found
+
+
+def test_one_event_of_megabytes_is_refused_in_bounded_memory(tmp_path):
+    """Real events are a few kB; one of 16 MB (an args string) took 511 MB and 34 s to decode."""
+    huge = '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 3, "dur": 1, "args": {"x": "%s"}}'
+    path = trace(tmp_path / "big.pt.trace.json", [event(), huge % ("a" * (16 << 20))])
+    code = ("import resource, sys\nfrom harness.analysis import analyze_path\nfrom harness.errors import InputError\n"
+            f"try:\n    analyze_path({str(path)!r})\nexcept InputError as e:\n    print('refused', e)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    said, peak_kb = done.stdout.splitlines()[0], int(done.stdout.splitlines()[-1])
+    assert said.startswith("refused") and "big.pt.trace.json" in said, done.stdout + done.stderr
+    assert peak_kb < 200_000, peak_kb
