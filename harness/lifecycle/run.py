@@ -147,17 +147,18 @@ def _teardown(ctx: RunContext) -> None:
 
 def _collect(ctx: RunContext, error: HarnessError | None) -> HarnessError | None:
     """Node 0's run folder into the run's; each other node's into nodes/node<k>/, its traces into
-    profile/node<k>/ (names that stay unique whatever the engine calls them). The traces come in pulls
-    of their own, after everything else: a profile over `profile.max_mb` fails the profile alone, and
-    the run's benchmark, log and facts are here whatever the traces do."""
-    profiled = ctx.sweep.playbook.profile.mode != "none"
-    apart = (RunFiles.SECRETS, RunFiles.PROFILE) if profiled else (RunFiles.SECRETS,)
+    profile/node<k>/ (names that stay unique whatever the engine calls them). Under `profile.max_mb`,
+    node 0's traces too come in a pull of their own, after everything else: a profile over the cap
+    fails the profile alone, and the run's benchmark, log and facts are here whatever the traces do.
+    (Without the cap one pull brings node 0's folder whole: a second costs a tenth of a collect.)"""
+    capped = ctx.sweep.playbook.profile.max_mb is not None and ctx.sweep.playbook.profile.mode != "none"
     pulls: list[tuple[RunContext, str, Path, tuple[str, ...], bool]] = [
-        (node, node.paths.root, node.local_dir, apart, False) for node in ctx.nodes]
-    if profiled:
-        pulls += [(node, node.paths.profile_dir,
-                   ctx.layout.node_profile(node.node_rank) if node is not ctx else ctx.layout.profile, (), True)
-                  for node in ctx.nodes]
+        (ctx, ctx.paths.root, ctx.local_dir, (RunFiles.SECRETS, RunFiles.PROFILE) if capped else (RunFiles.SECRETS,),
+         False)]
+    pulls += [(peer, peer.paths.root, peer.local_dir, (RunFiles.SECRETS, RunFiles.PROFILE), False)
+              for peer in ctx.peers]
+    pulls += [(node, node.paths.profile_dir, ctx.layout.node_profile(node.node_rank) if node is not ctx
+               else ctx.layout.profile, (), True) for node in ctx.nodes if node is not ctx or capped]
     with ctx.phase("collect"):
         for node, remote, local, exclude, traces in pulls:
             error = _pull(ctx, node, remote, local, exclude, error, traces=traces)
