@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -85,20 +86,16 @@ def alive(pid: int) -> bool:
 def test_what_a_login_prints_never_reaches_a_commands_output(host, starter, login):
     sshd, mode = host
     mode(login)
-    transport = connect(sshd.host_spec())
-    try:
+    with closing(connect(sshd.host_spec())) as transport:
         assert transport.run("echo '{\"status\": \"healthy\"}'", timeout=10).stdout == '{"status": "healthy"}\n'
         assert transport.run("cat", stdin=b"fed", timeout=10).stdout == "fed"
-    finally:
-        transport.close()
 
 
 def test_behind_a_login_banner_a_timed_out_command_is_killed_with_its_whole_process_group(host, starter, tmp_path):
     sshd, mode = host
     mode("banner")
     marker = tmp_path / "child.pid"
-    transport = connect(sshd.host_spec())
-    try:
+    with closing(connect(sshd.host_spec())) as transport:
         with pytest.raises(RemoteTimeout):
             transport.run(f"sleep 300 & echo $! > {marker}; echo started; wait", timeout=2)
         pid = int(marker.read_text())
@@ -107,8 +104,6 @@ def test_behind_a_login_banner_a_timed_out_command_is_killed_with_its_whole_proc
         finally:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    finally:
-        transport.close()
 
 
 def test_behind_a_login_banner_a_pull_brings_every_file_back(host, starter, tmp_path):
@@ -118,11 +113,8 @@ def test_behind_a_login_banner_a_pull_brings_every_file_back(host, starter, tmp_
     (remote / "profile").mkdir(parents=True)
     (remote / "server.log").write_text("ready\n")
     (remote / "profile" / "trace.json").write_bytes(b"{}" * 50_000)
-    transport = connect(sshd.host_spec())
-    try:
+    with closing(connect(sshd.host_spec())) as transport:
         pulled = transport.pull(str(remote), tmp_path / "local", timeout=30)
-    finally:
-        transport.close()
     assert sorted(pulled.sha256) == ["profile/trace.json", "server.log"]
     assert (tmp_path / "local" / "server.log").read_text() == "ready\n"
 
@@ -130,14 +122,11 @@ def test_behind_a_login_banner_a_pull_brings_every_file_back(host, starter, tmp_
 def test_a_login_that_prints_without_end_fails_the_command_as_a_lost_link(host, starter):
     sshd, mode = host
     mode("flood")
-    transport = connect(sshd.host_spec())
-    try:
+    with closing(connect(sshd.host_spec())) as transport:
         started = time.monotonic()
         with pytest.raises(UnreachableError, match="not the line that starts a command"):
             transport.run("echo hi", timeout=30)
         assert time.monotonic() - started < 15
-    finally:
-        transport.close()
 
 
 def slurm_node(sshd: Sshd) -> SlurmTransport:
