@@ -105,13 +105,14 @@ def test_every_figure_of_a_readable_trace_is_finite_json(tmp_path):
 
 
 PEAK = """
-import json, resource, sys
+import json, sys
 from harness.analysis import analyze_path
+from tests.peak import peak_kb, reset_peak
 analyze_path(sys.argv[1])                      # the imports and a small trace: the baseline
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+reset_peak()
+before = peak_kb()
 result = analyze_path(sys.argv[2])
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"grew_kb": after - before, "rank": result["ranks"][0]["rank"],
+print(json.dumps({"grew_kb": peak_kb() - before, "rank": result["ranks"][0]["rank"],
                   "total_gpu_ms": result["total_gpu_ms"]}))
 """
 
@@ -137,9 +138,10 @@ def test_one_event_of_megabytes_is_refused_in_bounded_memory(tmp_path):
     """Real events are a few kB; one of 16 MB (an args string) took 511 MB and 34 s to decode."""
     huge = '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 3, "dur": 1, "args": {"x": "%s"}}'
     path = trace(tmp_path / "big.pt.trace.json", [event(), huge % ("a" * (16 << 20))])
-    code = ("import resource, sys\nfrom harness.analysis import analyze_path\nfrom harness.errors import InputError\n"
+    code = ("from harness.analysis import analyze_path\nfrom harness.errors import InputError\n"
+            "from tests.peak import peak_kb\n"
             f"try:\n    analyze_path({str(path)!r})\nexcept InputError as e:\n    print('refused', e)\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "print(peak_kb())")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     said, peak_kb = done.stdout.splitlines()[0], int(done.stdout.splitlines()[-1])
     assert said.startswith("refused") and "big.pt.trace.json" in said, done.stdout + done.stderr
