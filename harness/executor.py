@@ -91,24 +91,25 @@ class Stopped(Exception):
     """The sweep stopped (Ctrl-C, SIGTERM, --fail-fast) while a run waited to try again: no new attempt."""
 
 
-class Transient(Exception):
-    """A run attempt that failed in a way worth another try."""
+class Attempted(Exception):
+    """A run attempt that ended in a way `_run` acts on, with the attempt's manifest."""
 
     def __init__(self, manifest: RunManifest):
         self.manifest = manifest
+
+
+class Transient(Attempted):
+    """A run attempt that failed in a way worth another try."""
+
+
+class Unfit(Attempted):
+    """A run attempt whose host failed the preflight (its venv, engine, GPUs, port): not tried again
+    there, and the host takes no further runs of the sweep."""
 
 
 STOPPABLE = frozenset({"preflight", "launch", "health", "bench", "profile"})
 """The phases a run does not begin once the sweep is stopping: an interrupt stops the servers in flight
 once, and a run in its preflight then would launch one after it. Teardown and collect still run."""
-
-
-class Unfit(Exception):
-    """A run attempt whose host failed the preflight (its venv, engine, GPUs, port): not tried again
-    there, and the host takes no further runs of the sweep."""
-
-    def __init__(self, manifest: RunManifest):
-        self.manifest = manifest
 
 
 def parse_deadline(text: str, now: dt.datetime | None = None) -> dt.datetime:
@@ -367,12 +368,19 @@ class Executor:
         lost = self.lost_under.get(spec.run_id)
         return lost is not None and state.host.name in lost[0]
 
-    def _analyze_and_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
+    def _analyzed(self, spec: RunSpec, manifest: RunManifest) -> RunManifest:
+        """The manifest with its traces' analysis; as it was when the analysis failed (our own bug: the
+        run's measurements stand, and `harness analyze` runs it again)."""
+        layout = self.layout.run(spec.run_id)
         try:
-            manifest = analyze(self.layout.run(spec.run_id), manifest)
-        except Exception as e:  # our own bug in the analysis: the run's measurements stand
+            return analyze(layout, manifest)
+        except Exception as e:
             self.events.log(f"{spec.run_id}: the analysis failed ({internal_text(e)}); "
-                            f"`harness analyze {self.layout.run(spec.run_id).profile}` runs it again")
+                            f"`harness analyze {layout.profile}` runs it again")
+            return manifest
+
+    def _analyze_and_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
+        manifest = self._analyzed(spec, manifest)
         try:
             self._finish(spec, state, manifest)
         except OSError as e:
@@ -509,12 +517,7 @@ class Executor:
         if not manifest.ok:
             return None
         self.events.log(f"{spec.run_id}: had finished ok before the stop; kept, its traces analysed now")
-        try:
-            return analyze(layout, manifest)
-        except Exception as e:  # our own bug in the analysis: the run's measurements stand
-            self.events.log(f"{spec.run_id}: the analysis failed ({internal_text(e)}); "
-                            f"`harness analyze {layout.profile}` runs it again")
-            return manifest
+        return self._analyzed(spec, manifest)
 
     def _reconcile(self, spec: RunSpec, host: Host) -> None:
         """A run that was in flight when the orchestrator stopped: stop its server, drop its files."""
