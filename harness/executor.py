@@ -103,8 +103,12 @@ class Transient(Attempted):
 
 
 class Unfit(Attempted):
-    """A run attempt whose host failed the preflight (its venv, engine, GPUs, port): not tried again
-    there, and the host takes no further runs of the sweep."""
+    """A run attempt whose host, or the host of one of its other nodes, failed the preflight (its venv,
+    engine, GPUs, port): those hosts take no further runs of the sweep."""
+
+    def __init__(self, manifest: RunManifest, hosts: list[str]):
+        super().__init__(manifest)
+        self.hosts = hosts
 
 
 STOPPABLE = frozenset({"preflight", "launch", "health", "bench", "profile"})
@@ -326,11 +330,15 @@ class Executor:
             manifest = attempts(self._attempt, spec, state)
         except Stopped:
             return False   # left for --resume: the run is still pending in the journal, or interrupted
-        except Unfit as u:   # the host failed the preflight: the run goes to another host of its own
+        except Unfit as u:   # a host failed the preflight: the run goes to hosts of its own that are left
             manifest = u.manifest
             assert manifest.error is not None  # what made the host unfit
-            self.pool.set_aside(state, HarnessError(manifest.error.message, kind=Kind.of(manifest.error.kind)))
-            if self._move(spec, state, manifest):
+            for name in u.hosts:
+                self.pool.set_aside(self.pool[name], HarnessError(manifest.error.message,
+                                                                  kind=Kind.of(manifest.error.kind)))
+            # a run whose other node failed is given back as it is: node 0's host may take it again, with
+            # other nodes (or it fails, once too few of its hosts are left, with the unfit host's error)
+            if state.host.name not in u.hosts or self._move(spec, state, manifest):
                 self.journal.append(spec.run_id, "retry", host=state.host.name, error_kind=manifest.error.kind)
                 return True
         except Transient as t:
@@ -425,8 +433,9 @@ class Executor:
             with self.lock:
                 self.in_flight.pop(spec.run_id, None)
         error = manifest.error
-        if error is not None and ctx.found.host_unfit and not self.stop.is_set():
-            raise Unfit(manifest)
+        unfit = [node.host.name for node in ctx.nodes if node.found.host_unfit]
+        if error is not None and unfit and not self.stop.is_set():
+            raise Unfit(manifest, unfit)
         if error is not None and (error.as_kind.retried or state.lost) and not self.stop.is_set():
             self.events.log(f"[{host.name}] {spec.run_id}: attempt {attempt} failed ({error.line()})")
             raise Transient(manifest)

@@ -260,6 +260,22 @@ def test_runs_only_a_set_aside_host_could_take_fail_with_its_error(tmp_path):
     assert [s for r, s, _ in journal(outcome) if r == "two-1"] == ["failed"]   # not tried: a was set aside
 
 
+def test_a_host_that_fails_a_runs_other_node_preflight_is_set_aside_too(tmp_path):
+    """Runs on two hosts, a and b; b has no venv. Whichever node b is in the first run, it is set
+    aside: the second run is never tried on it, and both fail with b's error (a alone cannot hold
+    them). Before, b as the other node failed the first run and then took and failed the second."""
+    sw = sweep(tmp_path, hosts=("a", "b"), configs=("one", "two"))
+    sw.hosts[1] = sw.hosts[1].model_copy(update={"venv": str(tmp_path / "no-venv")})
+    sw.runs = [dataclasses.replace(r, hosts=tuple(sw.hosts), nodes=2) for r in sw.runs]
+    executor = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect)
+    outcome = executor.run()
+    assert [(m.run_id, m.status, m.error and m.error.kind) for m in outcome.manifests] == [
+        ("one-1", "failed", "preflight"), ("two-1", "failed", "preflight")]
+    assert all("does not exist on b" in (m.error.message if m.error else "") for m in outcome.manifests)
+    assert executor.pool["b"].dead and not executor.pool["a"].dead
+    assert [s for r, s, _ in journal(outcome) if r == "two-1"] == ["failed"]   # b was set aside by then
+
+
 def test_a_run_in_its_preflight_at_ctrl_c_launches_no_server_after_it(tmp_path):
     """The interrupt stops the servers of the runs in flight once; a run still in its preflight then
     must not launch one after it (it outlived the exit until its lease lapsed)."""

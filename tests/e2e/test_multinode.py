@@ -56,7 +56,7 @@ def write_inventory(path: Path, hosts, venv: Path) -> Path:
 
 
 def write_playbook(path: Path, engine: str, *, nodes: int = 2, env: dict | None = None, configs=None,
-                   **benchmark) -> Path:
+                   profile: bool = True, **benchmark) -> Path:
     tp = "tp-size" if engine == "sglang" else "tensor-parallel-size"
     path.write_text(yaml.safe_dump({
         "name": f"multinode-{engine}", "hosts": "gpu", "engine": engine,
@@ -65,7 +65,7 @@ def write_playbook(path: Path, engine: str, *, nodes: int = 2, env: dict | None 
         "configs": configs or [{"name": "tp2", "nodes": nodes, "args": {tp: 2}}],
         "benchmark": {"prompt": "hello there", "max_tokens": 12, "concurrency": [1, 2], "requests": 4,
                       "warmup": 1, "timeout_s": 60, **benchmark},
-        "profile": {"mode": "engine", "num_steps": 3, "timeout_s": 60}}))
+        "profile": {"mode": "engine", "num_steps": 3, "timeout_s": 60} if profile else {"mode": "none"}}))
     return path
 
 
@@ -214,6 +214,25 @@ def test_more_nodes_than_hosts_is_refused_before_any_host_is_touched(tmp_path, h
     assert not results.exists()
     assert [sorted(h.workdir.rglob("*")) for h in hosts] == before
     assert [h.sshd.log.read_text() if h.sshd.log.exists() else "" for h in hosts] == logs
+
+
+def test_a_host_failing_the_other_nodes_preflight_is_set_aside_and_the_run_takes_another(tmp_path, three, venv):
+    """The middle host has no venv: whether it is node 0 or node 1 of the run's first attempt, it is
+    set aside and the run is served by the other two."""
+    inventory = write_inventory(tmp_path / "inv.yaml", three, venv)
+    inv = yaml.safe_load(inventory.read_text())
+    inv["all"]["children"]["gpu"]["hosts"][three[1].name]["venv"] = str(tmp_path / "no-venv")
+    inventory.write_text(yaml.safe_dump(inv))
+    results = tmp_path / "r"
+    run = harness("sweep", write_playbook(tmp_path / "pb.yaml", "sglang", profile=False), "-i", inventory,
+                  "-o", results)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (m,) = manifests(results).values()
+    assert m["status"] == "ok", m["error"]
+    assert sorted(n["host"] for n in m["nodes"]) == sorted([three[0].name, three[2].name])
+    assert f"[{three[1].name}] set aside for this sweep" in run.stdout + run.stderr
+    for host in three:
+        assert ours_running(host) == [], host.name
 
 
 def test_two_runs_on_two_nodes_each_and_one_on_one_share_three_hosts_without_holding_any_twice(tmp_path, three,
