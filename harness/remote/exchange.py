@@ -115,18 +115,23 @@ def parse_head(head: bytes) -> tuple[int, bool, int | None]:
 
 
 def _dechunk(reads: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-    """Undo chunked transfer-encoding, keeping each piece with the stamp of the read that completed it."""
-    buf = b""
+    """Undo chunked transfer-encoding, keeping each piece with the stamp of the read that completed it.
+    A growing bytearray, consumed from the front once per read: a chunk that spans many reads costs
+    its length once, not once per read."""
+    buf = bytearray()
     for t, data in reads:
         buf += data
-        out: list[bytes] = []
+        out: list[bytes | bytearray] = []
+        at = 0
         while True:
-            eol = buf.find(b"\r\n")
+            eol = buf.find(b"\r\n", at, at + 4096)
+            if eol < 0 and len(buf) - at >= 4096:   # a size line is a few bytes: never read to its end
+                raise ValueError(f"bad chunk size {bytes(buf[at:at + 40])!r}...")
             if eol < 0:
                 break
-            line = _CHUNK_SIZE.fullmatch(buf, 0, eol)
+            line = _CHUNK_SIZE.fullmatch(buf, at, eol)
             if line is None:   # int() would take "-6" too, and then this loop would never end
-                raise ValueError(f"bad chunk size {buf[:min(eol, 40)]!r}")
+                raise ValueError(f"bad chunk size {bytes(buf[at:min(eol, at + 40)])!r}")
             size = int(line[1], 16)
             if size == 0:
                 yield t, b"".join(out)
@@ -134,18 +139,26 @@ def _dechunk(reads: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
             if len(buf) < eol + 4 + size:
                 break
             out.append(buf[eol + 2:eol + 2 + size])
-            buf = buf[eol + 4 + size:]
+            at = eol + 4 + size
+        del buf[:at]
         yield t, b"".join(out)
 
 
 def _sse_events(reads: Iterable[tuple[int, bytes]], ended: bool) -> Iterator[tuple[int, bytes]]:
     """Server-sent events, each stamped with the read that completed it; a last event without its blank
     line too when the stream `ended` cleanly (a cut-off one is a fragment)."""
-    buf, t = b"", 0
+    pending: list[bytes] = []   # the event so far, joined only once a read may end it: linear in its size
+    tail, t = b"", 0            # its last 3 bytes: a blank line may start there
     for t, data in reads:
-        *events, buf = _EVENT_END.split(buf + data)
+        if not _EVENT_END.search(tail + data):
+            pending.append(data)
+            tail = (tail + data)[-3:]
+            continue
+        *events, rest = _EVENT_END.split(b"".join(pending) + data)
+        pending, tail = [rest], rest[-3:]
         for event in events:
             yield t, event
+    buf = b"".join(pending)
     if ended and buf.strip():
         yield t, buf
 

@@ -44,6 +44,20 @@ from typing import Callable, cast
 
 from .exchange import Outcome, Reads, Target, parse_exchange, parse_head
 
+MAX_RESPONSE_BYTES = 64 << 20
+"""The most one response may bring (a long answer with logprobs is a few MB): past it the request
+fails, rather than a server that never ends its answer filling the host's memory beside the engine."""
+MAX_HEAD_BYTES = 64 << 10
+"""The most a response's head may take before its blank line (a real one is a few hundred bytes)."""
+REFUSED_PAUSE_NS = (10_000_000, 1_000_000_000)
+"""A level bound by time whose requests are refused before they are sent (the server stopped
+listening) waits before starting more: from 10 ms, doubling, to 1 s, until one goes out again. Without
+the pause it spun through tens of thousands of refusals a second, each kept for bench.json."""
+
+
+class Oversized(ValueError):
+    """A response past MAX_HEAD_BYTES or MAX_RESPONSE_BYTES."""
+
 
 class Exchange:
     """One request on its own connection (`Connection: close`), moved along by _Loop:
@@ -54,7 +68,7 @@ class Exchange:
     """
 
     __slots__ = ("sock", "deadline_ns", "state", "out", "reads", "sent_ns", "end_ns", "error", "head_done",
-                 "chunked", "left", "tail", "request", "scheduled_ns")
+                 "chunked", "left", "tail", "request", "scheduled_ns", "room")
 
     def __init__(self, sock: socket.socket, deadline_ns: int, request: bytes, scheduled_ns: int | None = None):
         self.sock, self.deadline_ns = sock, deadline_ns
@@ -66,14 +80,21 @@ class Exchange:
         self.head_done = self.chunked = False
         self.left: int | None = None      # Content-Length bytes still to come
         self.tail = b"\r\n"               # last bytes of a chunked body, to spot its terminator
+        self.room = MAX_RESPONSE_BYTES
 
     def received(self, t: int, data: bytes) -> bool:
-        """Store one read stamped `t`; True once the response is complete (ValueError: not HTTP)."""
+        """Store one read stamped `t`; True once the response is complete (ValueError: not HTTP, or
+        larger than MAX_RESPONSE_BYTES)."""
+        self.room -= len(data)
+        if self.room < 0:
+            raise Oversized(f"response larger than {MAX_RESPONSE_BYTES >> 20} MB")
         self.reads.append((t, data))
         if not self.head_done:
             buf = b"".join(d for _, d in self.reads)
             end = buf.find(b"\r\n\r\n")
             if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    raise Oversized(f"response head longer than {MAX_HEAD_BYTES >> 10} kB")
                 return False
             _, self.chunked, self.left = parse_head(buf[:end])
             self.head_done = True
@@ -108,6 +129,7 @@ class _Loop:
         self.tls = ssl.create_default_context() if target.tls else None
         self.live: dict[Exchange, None] = {}   # in flight, oldest (the next to time out) first
         self.finished: list[Exchange] = []
+        self.refused, self.pause_ns = 0, REFUSED_PAUSE_NS[0]   # refused unsent since one went out; next pause
 
     def run(self, streams: int, count: int | None, duration: float | None,
             requests: Sequence[bytes] | None = None) -> list[Exchange]:
@@ -115,19 +137,28 @@ class _Loop:
         requests were sent or `duration` seconds passed; returns them all, ended. `requests`: the
         bytes of each request in turn (default: the target's one request, every time)."""
         stop_ns = None if duration is None else time.monotonic_ns() + int(duration * 1e9)
-        started = 0
-        self.finished = []
+        started, resume_ns = 0, 0
+        self.finished, self.refused, self.pause_ns = [], 0, REFUSED_PAUSE_NS[0]
         try:
             while True:
                 now = time.monotonic_ns()
+                if stop_ns is not None and self.refused >= streams:   # no longer listening: wait a while
+                    resume_ns, self.refused = now + self.pause_ns, 0
+                    self.pause_ns = min(2 * self.pause_ns, REFUSED_PAUSE_NS[1])
+                more = (count is None or started < count) and (stop_ns is None or now < stop_ns)
                 free = streams - len(self.live)
-                while free and (count is None or started < count) and (stop_ns is None or now < stop_ns):
+                while more and free and now >= resume_ns and (count is None or started < count):
                     self._start(self.target.request if requests is None else requests[started % len(requests)])
                     started, free = started + 1, free - 1
-                if not self.live:
+                paused = more and now < resume_ns
+                if not self.live and not paused:
                     return self.finished
+                if not self.live:
+                    time.sleep((min(resume_ns, stop_ns or resume_ns) - now) / 1e9)
+                    continue
                 oldest = next(iter(self.live))
-                self._wait(now, max(0, oldest.deadline_ns - now))
+                until = min(oldest.deadline_ns, resume_ns) if paused else oldest.deadline_ns
+                self._wait(now, max(0, until - now))
                 now = time.monotonic_ns()
                 while self.live and oldest.deadline_ns <= now:
                     self._finish(oldest, "timeout")
@@ -200,6 +231,7 @@ class _Loop:
             x = Exchange(cast(socket.socket, None), deadline_ns, request, scheduled_ns)   # no socket to close
             x.state, x.error, x.end_ns = "done", f"cannot connect: {e}", time.monotonic_ns()
             self.finished.append(x)
+            self.refused += 1
             return
         x = Exchange(sock, deadline_ns, request, scheduled_ns)
         self.live[x] = None
@@ -258,6 +290,9 @@ class _Loop:
             try:
                 if x.received(now, data):
                     return self._finish(x, None)
+            except Oversized as e:   # what came is not kept: nothing to parse, and the memory back
+                x.reads = []
+                return self._finish(x, str(e))
             except ValueError:
                 return self._finish(x, "malformed response head")
             if self.tls is None or not x.sock.pending():  # type: ignore[attr-defined]
@@ -271,6 +306,10 @@ class _Loop:
         x.sock.close()
         del self.live[x]
         self.finished.append(x)
+        if x.sent_ns:   # the server is there: a later refusal pauses from the shortest wait again
+            self.refused, self.pause_ns = 0, REFUSED_PAUSE_NS[0]
+        else:
+            self.refused += 1
 
 
 def _run_share(target: Target, streams: int, count: int | None, warmup: int, duration: float | None,

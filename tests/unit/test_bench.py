@@ -3,6 +3,7 @@ server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import socketserver
@@ -10,6 +11,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +112,21 @@ class Handler(socketserver.BaseRequestHandler):
     def hang(self) -> None:
         self.server.release.wait()
 
+    def endless(self) -> None:
+        """A chunked answer that never ends, as fast as the client takes it."""
+        self.head("Transfer-Encoding: chunked\r\n")
+        piece = b"%x\r\n%s\r\n" % (1 << 16, b"x" * (1 << 16))
+        with contextlib.suppress(OSError):
+            while not self.server.release.is_set():
+                self.request.sendall(piece)
+
+    def headless(self) -> None:
+        """Header lines that never end in the blank line."""
+        self.request.sendall(b"HTTP/1.1 200 OK\r\n")
+        with contextlib.suppress(OSError):
+            while not self.server.release.is_set():
+                self.request.sendall(b"X-Padding: " + b"y" * 1000 + b"\r\n")
+
 
 @pytest.fixture
 def serve():
@@ -201,6 +218,64 @@ def test_a_server_that_is_not_there_is_a_failed_run_not_a_crash(tmp_path):
                                   "--requests", "2", "--warmup", "0")
     assert proc.returncode == 3
     assert all(r["error"].startswith("cannot connect") for r in requests)
+
+
+def test_a_level_bound_by_time_pauses_while_the_server_refuses_rather_than_spinning(tmp_path):
+    """Before, 2 s against a closed port recorded about 80,000 refused requests (and kept each for
+    requests.jsonl); now each round of refusals waits longer, from 10 ms to 1 s."""
+    with socket.socket() as held:  # bound, never listening: connections are refused
+        held.bind(("127.0.0.1", 0))
+        proc, result, requests = bench(tmp_path, f"http://127.0.0.1:{held.getsockname()[1]}",
+                                       "--concurrency", "4", "--duration", "2", "--warmup", "0")
+    assert proc.returncode == 3
+    assert 4 <= len(requests) <= 64, len(requests)   # 4 a round, and at most 9 pauses fit in 2 s
+    assert all(r["error"].startswith("cannot connect") for r in requests)
+
+
+def test_a_server_that_comes_back_within_a_level_bound_by_time_is_used_again(tmp_path):
+    """The server listens only 0.3 s into a 5 s level: the pauses (1 s at most) keep trying it."""
+    server = StreamServer([])
+    port = server.server_address[1]
+    server.socket.close()   # refused until it listens again, on the same port
+    later = socket.socket()
+    later.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    later.bind(("127.0.0.1", port))
+    server.socket = later
+
+    def listen_later() -> None:
+        time.sleep(0.3)
+        later.listen(16)
+        server.serve_forever(0.05)
+
+    threading.Thread(target=listen_later, daemon=True).start()
+    try:
+        result = run_benchmark(server.url, "glm-5", concurrency=[2], duration=5, warmup=0, max_tokens=12)
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+    level, = result["levels"]
+    assert level["completed"] >= 1 and level["failed"] >= 2
+    assert {e["error"].split(":")[0] for e in level["errors"]} == {"cannot connect"}
+
+
+@pytest.mark.parametrize("behaviour, error", [("endless", "response larger than 64 MB"),
+                                              ("headless", "response head longer than 64 kB")])
+def test_an_answer_that_never_ends_fails_its_request_at_a_bound(serve, tmp_path, behaviour, error):
+    server = serve(behaviour)
+    proc, _, requests = bench(tmp_path, server.url, "--requests", "1", "--warmup", "0", "--timeout", "50")
+    assert proc.returncode == 3, proc.stderr
+    assert [r["error"] for r in requests] == [error]
+
+
+def test_chunked_bodies_come_apart_whatever_the_reads_split(tmp_path):
+    from harness.remote.exchange import _dechunk
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b"ab", b"c" * 300, b"\r\n0\r\n", b"d")) + b"0\r\n\r\n"
+    for size in (1, 2, 3, 7, 64, len(body)):
+        reads = [(i, body[o:o + size]) for i, o in enumerate(range(0, len(body), size))]
+        assert b"".join(d for _, d in _dechunk(reads)) == b"ab" + b"c" * 300 + b"\r\n0\r\nd", size
+    with pytest.raises(ValueError, match="bad chunk size"):
+        list(_dechunk([(0, b"f" * 5000)]))   # a size line that never ends
 
 
 def test_bad_arguments_exit_2_with_a_message(tmp_path):

@@ -89,6 +89,24 @@ def test_crlf_event_separators_are_understood():
     assert (len(outcome.times), outcome.tokens, outcome.error) == (3, 3, None)
 
 
+def test_events_are_the_same_whatever_the_reads_split_and_a_long_one_is_joined_once():
+    """The events of a body split at every kind of place (a blank line cut across three reads
+    included) are those of the whole body split at once."""
+    import random
+    import re
+
+    from harness.remote.exchange import _sse_events
+    rng = random.Random(7)
+    for _ in range(2000):
+        pieces = [b"a", b"\r", b"\n", b"data: x", b"\r\n", b"\n\n"]
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 20)))
+        cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randint(0, 6))))
+        reads = [(i, data[a:b]) for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(data)], strict=True))]
+        *whole, rest = re.split(rb"\r?\n\r?\n", data)
+        for ended in (True, False):
+            assert [e for _, e in _sse_events(reads, ended)] == whole + ([rest] if ended and rest.strip() else [])
+
+
 def test_a_non_200_status_fails_with_the_status_and_an_excerpt_of_the_body():
     raw = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 61\r\n\r\n"
            b'{"object":"error","message":"model glm-6 not found","code":400}')
