@@ -115,6 +115,7 @@ class _Reader:
         self._buf = bytearray()
         self._pos = 0
         self._offset = 0    # bytes read before the buffer's start
+        self.short = False  # the last read found the stream's end before its size
 
     def tell(self) -> int:
         return self._offset + self._pos
@@ -153,10 +154,12 @@ class _Reader:
             chunk = self._next()
             if len(chunk) == size:
                 self._offset += size
+                self.short = False
                 return chunk
             self._refill(chunk)
         data = self.peek(size)
         self._pos += len(data)
+        self.short = len(data) < size
         return data
 
     def _refill(self, chunk: bytes) -> None:
@@ -445,6 +448,9 @@ class Staging:
                     self._write(_member_reader(tar, stream, member), path, member)
         if root and not members:   # a zero block first reads as an archive with nothing in it
             raise Refused(f"pulling {self.label}: the archive is empty, without even the folder itself (./)")
+        if stream.short:   # tarfile ends quietly where the stream does, between two entries
+            raise tarfile.ReadError("the archive ends without its end blocks: cut short after "
+                                    f"{members} entries")
         trailer = 0
         while chunk := stream.read(_CHUNK):  # the archive's zero padding and the compressor's trailer
             trailer += len(chunk)

@@ -91,6 +91,19 @@ def test_nothing_after_the_size_line_is_left_to_the_remote_tars_exit_status(tmp_
         staging.extract(chunks(b"\n"), announced=True)
 
 
+@pytest.mark.parametrize("cut", [0, 100, 512], ids=["at-an-entry", "inside-a-header", "after-a-header"])
+def test_an_archive_cut_short_between_entries_is_no_valid_stream_whatever_the_tars_exit_status(tmp_path, cut):
+    """Cut at an entry's end, tarfile took the stream's end for the archive's and the pull came back
+    shorter, the run ok. Now it is a tarfile error, which the transports judge after the remote tar's
+    exit status and the link (a lost link or a failed tar says more)."""
+    first = entry(".", None) + entry("server.log", b"ready\n")
+    stream = (first + entry("profile/rank0.json", b"{}"))[:len(first) + cut]
+    with Staging(tmp_path / "run", label="gpu-01:/w/run") as staging, \
+            pytest.raises(tarfile.ReadError, match="without its end blocks|unexpected end of data|truncated"):
+        staging.extract(chunks(b"4100\n", stream, size=7), announced=True)
+    assert not (tmp_path / "run").exists()
+
+
 # -- entries left out ---------------------------------------------------------------------------------
 
 def test_entries_left_out_are_listed_short_and_at_most_a_thousand(tmp_path):
