@@ -27,10 +27,11 @@ A name is judged in three steps, the first that answers wins:
 
 What the categories hold: "copy" is data moved or cast and nothing computed (memcpy, memset, PyTorch's
 `direct_copy_kernel_cuda` and `*_copy_kernel_cuda` casts, `torch.cat`, `index_copy_`, an Inductor
-pointwise kernel of only casts and views); "moe" is expert routing and the expert GEMMs, so a top-k
-counts only by a routing kernel's name (`topkGatingSoftmax`, `grouped_topk`), while torch.topk's
-`sbtopk::gatherTopK` and flashinfer's top-k/top-p sampling kernels are "other"; "elementwise" is
-pointwise arithmetic, a fill included.
+pointwise kernel of only casts and views, vLLM's write of new keys and values into the KV cache, FP8
+quantization, a cast with a scale; MLA's cache write, `concat_and_cache_mla`, names "mla" and stays
+attention); "moe" is expert routing and the expert GEMMs, so a top-k counts only by a routing kernel's
+name (`topkGatingSoftmax`, `grouped_topk`), while torch.topk's `sbtopk::gatherTopK` and flashinfer's
+top-k/top-p sampling kernels are "other"; "elementwise" is pointwise arithmetic, a fill included.
 
 To teach it a new kernel, add a pattern to the right row (patterns are regular expressions).
 """
@@ -54,7 +55,9 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "batchdecode", "batchprefill", "mla", "paged", "sdpa", "flash_[fb]prop")),
     # `mm_` and `bmm_` only as words of their own (`cutlass_scaled_mm_...`), not the end of another (`comm_`).
     ("gemm", ("gemm", "gemv", "cutlass", "cublas", "nvjet", "xmma", "matmul", "(?<![a-z0-9])b?mm_")),
-    ("copy", ("copy", "memcpy", "memset", "(?<!broad)cast", "convert")),
+    # vLLM's KV-cache write (`reshape_and_cache_flash_kernel`: a cast too when the cache is FP8) and FP8
+    # quantization (`scaled_fp8_quant_kernel...`, SGLang's `per_token_group_quant_8bit`), not "dequant".
+    ("copy", ("copy", "memcpy", "memset", "(?<!broad)cast", "convert", "reshape_and_cache", "(?<![a-z])quant")),
     ("elementwise", ("elementwise", "vectorized", "act_and_mul", "silu", "gelu", "add", "mul",
                      "rotary")),
 )
