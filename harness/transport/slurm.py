@@ -13,9 +13,9 @@ are the shared ones of harness/transport/process.py, unchanged (the deadline is 
 transport's own timers get a step's whole life). WRAPPER, run on the node by the venv's Python
 (standard library only), adds:
 
-- the step's id: its first line is `harness-step JOB.STEP`, taken off the output before anyone reads
-  it and kept in `Result.step` (the manifest records the step that launched the server:
-  `placement.step_id`);
+- the step's id: its first line is `harness-step JOB.STEP` (whatever the node's shell printed before
+  it, 64 kB at most, is dropped), taken off the output before anyone reads it and kept in
+  `Result.step` (the manifest records the step that launched the server: `placement.step_id`);
 - srun's own failures told apart from the command's: a step that never wrote that line never ran, so
   a command that ends without it (the node down, the job gone, srun refused) raises UnreachableError
   naming the node and job, and the executor treats the node as it treats a host that went away;
@@ -52,6 +52,9 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 CHUNK = 65536      # the largest frame the wrapper writes (its os.read)
 HELD_S = 7 * 86400  # how long the login host's own timers let an srun live: a step may hold a server
 HEAD_LIMIT = 200   # a step line or a frame header is short: a longer line is not the wrapper's
+BEFORE_LIMIT = 64 << 10
+"""What may come before the step line and is dropped: what the node's shell printed as it started (a
+`BASH_ENV` file, which srun's copy of the login environment may name: Lmod sets one)."""
 
 # What runs on the node (Python >= 3.9, standard library only). PR_SET_CHILD_SUBREAPER (36) makes what
 # the command leaves running (a server, setsid or not) our child once its parent exits, so the
@@ -66,7 +69,10 @@ out = sys.stdout.buffer
 env = os.environ
 out.write(("harness-step %s.%s\\n" % (env.get("SLURM_JOB_ID", ""), env.get("SLURM_STEP_ID", ""))).encode())
 out.flush()
-child = subprocess.Popen(["bash", "--norc", "-c", sys.argv[1]], stdout=subprocess.PIPE)
+# BASH_ENV was read by the shell that started us (its exports are ours): read again, its output would
+# come before the command's own
+child = subprocess.Popen(["bash", "--norc", "-c", sys.argv[1]], stdout=subprocess.PIPE,
+                         env={k: v for k, v in env.items() if k != "BASH_ENV"})
 while True:
     data = os.read(child.stdout.fileno(), 65536)
     if not data:
@@ -109,10 +115,10 @@ class _StepProcess:
         self.code: int | None = None   # the command's exit code, once its end frame came
         self.given_up = False      # killed by the transport's close while it ran
 
-    def _line(self, deadline: float) -> bytes | None:
+    def _line(self, deadline: float, limit: int = HEAD_LIMIT) -> bytes | None:
         """The next whole line of the stream, None at its end."""
         while b"\n" not in self._buf:
-            if len(self._buf) > HEAD_LIMIT:
+            if len(self._buf) > limit:
                 raise RemoteError(f"srun's step wrote {text(bytes(self._buf[:80]))!r}: not the harness's wrapper")
             chunk = self._proc.read(deadline)
             if not chunk:
@@ -126,14 +132,17 @@ class _StepProcess:
         if not self._open:
             return b""
         if not self._seen:
-            line = self._line(deadline)
-            found = STEP_LINE.match(line) if line is not None else None
-            if found is None:
+            before, first = 0, None
+            while (line := self._line(deadline, BEFORE_LIMIT)) is not None and not STEP_LINE.match(line):
+                first, before = first if first is not None else line, before + len(line) + 1
+                if before > BEFORE_LIMIT:
+                    raise RemoteError(f"srun's step began with {text(first[:80])!r} and no step id in "
+                                      f"{BEFORE_LIMIT >> 10} kB: not the harness's wrapper")
+            if line is None:
                 self._open = False
-                if line is None:
-                    return b""   # it ended before the step line: srun never ran the command
-                raise RemoteError(f"srun's step began with {text(line[:80])!r}, not its step id: not the "
-                                  "harness's wrapper")
+                return b""   # it ended before the step line: srun never ran the command
+            found = STEP_LINE.match(line)
+            assert found is not None
             self._seen = True
             self._on_step(f"{found[1].decode()}.{found[2].decode()}")
         header = self._line(deadline)

@@ -271,6 +271,34 @@ def _steps(cluster, job: str) -> list[str]:
             if line.strip().startswith(f"{job}.")]
 
 
+def test_a_bash_env_that_prints_on_the_node_leaves_the_steps_and_the_commands_output_as_they_were(
+        tmp_path, cluster, monkeypatch):
+    """srun passes the login environment on; a BASH_ENV there (Lmod sets one) that prints is read by
+    the node's shell before the wrapper's step line. Before, every step failed on it, as not the
+    harness's wrapper."""
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    rc = tmp_path / "lmod.sh"
+    # printing on the node only (a step's shell), where this machine's own shells print nothing
+    rc.write_text('[ -n "$SLURM_STEP_ID" ] && echo "Lmod: loading cuda/12.4"\n'
+                  'export HARNESS_TEST_FROM_BASH_ENV=loaded\n')
+    monkeypatch.setenv("BASH_ENV", str(rc))
+    allocation = Allocation("cluster", SlurmSettings(nodes=1, partition="test", time="5:00", wait_s=30), 1,
+                            login=HostSpec(name="localhost", transport="local"), name="harness-bash-env-test",
+                            connect=connect, log=lambda line: None)
+    allocation.request()
+    assert allocation.job_id is not None
+    try:
+        login = connect(HostSpec(name="localhost", transport="local"))
+        link = SlurmTransport(HostSpec(name=allocation.nodes[0]), login, job_id=allocation.job_id,
+                              node=allocation.nodes[0], python=sys.executable)
+        done = link.run("echo $HARNESS_TEST_FROM_BASH_ENV", timeout=30)
+        assert done.stdout == "loaded\n" and done.step is not None and done.step.startswith(allocation.job_id + ".")
+        link.close()
+    finally:
+        allocation.release()
+    assert not cluster.jobs(HELD)
+
+
 @pytest.mark.parametrize("over", ["local", "ssh"])
 def test_a_step_lasts_as_long_as_what_its_command_started_and_close_ends_it(tmp_path, cluster, monkeypatch, over):
     """Slurm ends a step's leftover processes with the step (proctrack/cgroup), so the step that

@@ -151,8 +151,18 @@ def test_a_step_output_is_unframed_however_it_is_cut():
     assert _unframed(b"") == (b"", [], 143)   # srun never started it
 
 
-@pytest.mark.parametrize("stream", [b"hello\n", b"harness-step 7.3\n99999999\n", b"harness-step 7.3\nx" * 300,
-                                    b"harness-step 7.3\n70000\n" + b"x" * 70000])
+def test_what_the_nodes_shell_prints_before_the_step_line_is_dropped():
+    """A BASH_ENV file (Lmod names one in the environment srun passes on) may print as the node's
+    shell starts, before the wrapper's first line."""
+    stream = b"Lmod: loading cuda/12.4\n\nharness-step 7.3\n5\nhelloend 0\n"
+    for cut in range(1, len(stream)):
+        assert _unframed(stream[:cut], stream[cut:]) == (b"hello", ["7.3"], 0)
+    assert _unframed(b"x" * 40_000 + b"\n" + b"harness-step 7.3\nend 0\n") == (b"", ["7.3"], 0)
+    assert _unframed(b"Lmod: loading cuda/12.4\n") == (b"", [], 143)   # srun never ran the command
+
+
+@pytest.mark.parametrize("stream", [b"hello\n" * 12_000, b"x" * 70_000, b"harness-step 7.3\n99999999\n",
+                                    b"harness-step 7.3\nx" * 300, b"harness-step 7.3\n70000\n" + b"x" * 70000])
 def test_a_step_output_that_is_not_the_wrapper_is_refused(stream):
     from harness.errors import RemoteError
     with pytest.raises(RemoteError, match="not the harness's wrapper"):
