@@ -45,6 +45,9 @@ SUMMARY_FIELDS = ["run_id", "config", "host", "status", "error_kind", "concurren
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
+    """`data` at `path` whole or not at all: a temporary file beside it, fsync, rename. A write the
+    system refuses (no space left) raises an OSError that names `path`, not the nameless one of a
+    write to a file descriptor."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -54,8 +57,10 @@ def atomic_write(path: Path, data: bytes | str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 

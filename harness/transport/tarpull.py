@@ -418,8 +418,9 @@ class Staging:
             return   # du failed on the host (or printed something else): the stream's own checks remain
         free = shutil.disk_usage(self._dir).free
         if int(size) > free - LOCAL_RESERVE:
-            raise TooLarge(f"the files of {self.label} take {int(size) / 1e9:.2f} GB and {self.local_dir.parent} "
-                           f"has {free / 1e9:.2f} GB free: make room")
+            raise TooLarge(f"the files of {self.label} take {_size(int(size))} and {self.local_dir.parent} "
+                           f"has {_size(free)} free, of which {_size(LOCAL_RESERVE)} stay free for the sweep's "
+                           "own records: make room")
 
     def _extract(self, stream: _Reader, *, root: bool = False) -> None:
         """Only directories and regular files, each through `_filter`; nothing here creates a link,
@@ -523,8 +524,9 @@ class Staging:
         self._unchecked = 0
         free = shutil.disk_usage(self._dir).free
         if free - coming < LOCAL_RESERVE:
-            raise TooLarge(f"pulling {self.label}: the local disk has {free / 1e9:.2f} GB free, too little "
-                           f"for what is coming ({coming / 1e9:.2f} GB more): make room")
+            raise TooLarge(f"pulling {self.label}: {self._dir.parent} has {_size(free)} free, too little for "
+                           f"what is coming ({_size(coming)} more) and the {_size(LOCAL_RESERVE)} that stay free "
+                           "for the sweep's own records: make room")
 
     def commit(self) -> Pulled:
         """Move the extracted tree into `local_dir` (merging if it exists), the renames on the disk.
@@ -561,6 +563,13 @@ class Staging:
             if os.path.lexists(path) and not path.is_dir():
                 raise Refused(f"pulling {self.label}: the host sent {_clip(str(folder))!r} as a folder, and "
                               f"{path} is a file here; nothing was moved")
+
+
+def _size(n: int) -> str:
+    """Bytes as a message gives them: `12.3 kB`, `1.9 MB`, `268 MB`, `2.31 GB`."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 1e6:.3g} MB" if n >= 1e6 else f"{n / 1e3:.3g} kB"
 
 
 def _clip(name: str) -> str:

@@ -151,3 +151,27 @@ def test_a_runs_requests_are_read_line_by_line_and_only_numbers_are_samples(tmp_
     assert len(records) == 4   # the list, the line that is not JSON and the torn last line are left out
     assert [samples(r, "itl_ms") for r in records] == [[1.0, 2.5], None, None, None]
     assert [samples(r, "ttft_ms") for r in records] == [[40.0], None, None, None]
+
+
+def test_a_write_the_disk_has_no_room_for_names_its_file_and_leaves_nothing(tmp_path):
+    """On a full file system (a 64 kB tmpfs, filled), the write to the file's descriptor fails with an
+    OSError naming no file; the one a results file raises names it (the CLI's one-line error shows
+    that name), and no temporary file is left beside it."""
+    import subprocess
+
+    from harness.results.store import atomic_write
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    try:
+        (small / "runs").mkdir()
+        with open(small / "fill", "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        with pytest.raises(OSError) as refused:
+            atomic_write(small / "runs" / "manifest.json", json.dumps({"x": "y" * 100_000}))
+        assert refused.value.filename == str(small / "runs" / "manifest.json")
+        assert refused.value.strerror == "No space left on device"
+        assert [p.name for p in small.rglob("*") if p.is_file()] == ["fill"]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
