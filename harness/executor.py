@@ -21,6 +21,7 @@ The executor knows no terminal: it tells `events` (the live display implements t
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import shlex
 import shutil
 import signal
@@ -112,6 +113,9 @@ class Unfit(Attempted):
 
 
 STOPPABLE = frozenset({"preflight", "launch", "health", "bench", "profile"})
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""The local disk refusing the results (full, over quota, read-only): no bug of ours, and no later run
+could be recorded either, so the sweep stops (`--resume` once there is room)."""
 """The phases a run does not begin once the sweep is stopping: an interrupt stops the servers in flight
 once, and a run in its preflight then would launch one after it. Teardown and collect still run."""
 
@@ -428,6 +432,9 @@ class Executor:
         try:
             manifest = execute(ctx)
         except Exception as e:  # our own bug inside the run: recorded, its server stopped, the sweep goes on
+            if isinstance(e, OSError) and e.errno in NO_ROOM:   # not a bug: the worker stops the sweep
+                self._stop_servers(spec, ctx)
+                raise
             manifest = self._internal(spec, state, e, ctx)
         finally:
             with self.lock:
@@ -450,11 +457,7 @@ class Executor:
         layout = self.layout.run(spec.run_id)
         trace = redact("".join(traceback.format_exception(error)))
         atomic_write(layout.harness_error, trace)
-        for node in ctx.nodes if ctx is not None else []:
-            try:
-                node.sh(stop_command(node), timeout=120, check=False)
-            except Exception as e:  # the watchdog stops it when the lease lapses
-                self.events.log(f"[{node.host.name}] could not stop {spec.run_id}: {internal_text(e)}")
+        self._stop_servers(spec, ctx)
         message = redact(f"the harness failed ({internal_text(error)}): a bug, please report it with "
                          f"{layout.harness_error.relative_to(self.sweep_dir)}")
         manifest = unrun_manifest(self.sweep, spec, state.host.name, "failed",
@@ -463,6 +466,13 @@ class Executor:
                                   phases=ctx.phases if ctx is not None else {})
         write_model(layout.manifest, manifest)
         return manifest
+
+    def _stop_servers(self, spec: RunSpec, ctx: RunContext | None) -> None:
+        for node in ctx.nodes if ctx is not None else []:
+            try:
+                node.sh(stop_command(node), timeout=120, check=False)
+            except Exception as e:  # the watchdog stops it when the lease lapses
+                self.events.log(f"[{node.host.name}] could not stop {spec.run_id}: {internal_text(e)}")
 
     def _finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
         with self.lock:

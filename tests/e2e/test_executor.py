@@ -276,6 +276,26 @@ def test_a_host_that_fails_a_runs_other_node_preflight_is_set_aside_too(tmp_path
     assert [s for r, s, _ in journal(outcome) if r == "two-1"] == ["failed"]   # b was set aside by then
 
 
+def test_a_local_disk_without_room_stops_the_sweep_and_is_no_bug_of_ours(tmp_path):
+    """The local disk refuses the run's files mid-pull (ENOSPC, as the pull passes it on): the sweep
+    stops, naming the disk, and the run stays in flight for `--resume`. Before, it was recorded as the
+    harness's own bug (`internal`, a traceback to report) and the next run started on the full disk."""
+    import errno
+
+    def no_room(host: str, what: str) -> Exception:
+        return OSError(errno.ENOSPC, "No space left on device", what)
+
+    faults = Faults()
+    faults.on("a", "pull", error=no_room)
+    outcome = Executor(sweep(tmp_path, configs=("one", "two")), tmp_path / "results", jobs=1,
+                       connect=faults.connect).run()
+    assert outcome.fatal is not None and "No space left on device" in outcome.fatal
+    assert [(m.run_id, m.status) for m in outcome.manifests] == [("two-1", "skipped")]   # never started
+    assert not list((tmp_path / "results").rglob("harness-error.log"))
+    states = [(r, s) for r, s, _ in journal(outcome)]
+    assert states == [("one-1", "running"), ("two-1", "skipped")]
+
+
 def test_a_run_in_its_preflight_at_ctrl_c_launches_no_server_after_it(tmp_path):
     """The interrupt stops the servers of the runs in flight once; a run still in its preflight then
     must not launch one after it (it outlived the exit until its lease lapsed)."""
