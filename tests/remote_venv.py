@@ -19,7 +19,7 @@ SGLANG_LAUNCH = '''import sys
 from harness.sim.__main__ import main
 sys.exit(main(["sglang", *sys.argv[1:]]))
 '''
-VLLM_INIT = '__version__ = "0.33.0"\n'
+VLLM_INIT = '__version__ = "0.32.0"\n'
 VLLM_SCRIPT = '''#!{python}
 import sys
 from harness.sim.__main__ import main

@@ -143,6 +143,7 @@ class Engine:
     profile_modes: tuple[str, ...] = ("torch", "none")
     env_prefixes: tuple[str, ...] = ()   # the engine's own environment variables, recorded as facts
     oom_hint: str = "lower the engine's memory fraction or use more GPUs"
+    oom_log: str = ""              # a regular expression for the engine's own "no memory left" messages
     protocol: str = ""             # the engine whose HTTP and profiler protocol it speaks ("": its own)
     metrics_path: str = "/metrics"
     metrics: tuple[Metric, ...] = ()     # the /metrics families telemetry keeps (none: it samples GPUs only)

@@ -106,4 +106,6 @@ ENGINE = register(SGLang(
     env_prefixes=("SGLANG_",), metrics=METRICS,
     metrics_hint="SGLang serves /metrics only with --enable-metrics: add `enable-metrics: true` to server.args",
     rendezvous_port=25000, node_flags=("nnodes", "node-rank", "dist-init-addr", "nccl-init-addr"),
-    oom_hint="lower --mem-fraction-static, shorten --context-length or use more GPUs (--tp-size)"))
+    oom_hint="lower --mem-fraction-static, shorten --context-length or use more GPUs (--tp-size)",
+    # 0.5.23 mem_cache/kv_cache_configurator.py: the weights leave no room for the KV cache
+    oom_log=r"leave no GPU memory for the KV cache|Not enough GPU memory for"))

@@ -20,7 +20,9 @@ Facts, each with the release it was seen in:
   rank); `rank0.profiler_out.txt` / `profiler_out_0.txt` key_averages tables.
 - Steps: every engine step runs inside `execute_context_{n}({tokens})_generation_{m}({tokens})`
   (CPU `user_annotation` and GPU `gpu_user_annotation`): n requests in prefill, m in decode; steps
-  with neither are idle (48 of 318 on the H200).
+  with neither are idle (48 of 318 on the H200). With `--profiler-config.detailed_trace_annotation
+  true` the name is `execute_{tokens}_context_{n}(sq..sk..sqsq..sqsk..)_generation_{m}(sq..)` (0.26.0
+  and 0.32.0 `v1/worker/gpu_worker.py` annotate_profile).
 - Health: connection refused until the engine is up, then `/health` 200.
 - Metrics (0.26.0 and 0.32.0 `v1/metrics/loggers.py`, `v1/spec_decode/metrics.py`): `/metrics` in the
   Prometheus text format, open without the API key, every sample labelled `engine` (one per
@@ -44,10 +46,12 @@ from typing import Any
 from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, register
 
 NAMING = TraceNaming(glob="*.pt.trace.json.gz", rank=r"(?:^|_)rank(\d+)\.", not_ranks=r"\.async_llm\.")
-STEPS = StepSpans(prefix="execute_context_", stages=(
-    (r"^execute_context_[1-9]\d*\(", "prefill"),                  # any request in prefill (mixed too)
-    (r"^execute_context_0\(\d+\)_generation_[1-9]", "decode"),
-    (r"", ""),                                                    # no request at all: idle
+# `execute_context_1(17)_generation_3(3)`; with `--profiler-config.detailed_trace_annotation true`
+# `execute_20_context_1(sq17sk17sqsq289sqsk289)_generation_3(sq3sk96sqsq3sqsk96)` (0.26 and 0.32)
+STEPS = StepSpans(prefix="execute_", stages=(
+    (r"^execute_(?:\d+_)?context_[1-9]\d*\(", "prefill"),          # any request in prefill (mixed too)
+    (r"^execute_(?:\d+_)?context_0\([^)]*\)_generation_[1-9]", "decode"),
+    (r"^execute_(?:\d+_)?context_0\([^)]*\)_generation_0\(", ""),  # no request at all: idle
 ))
 METRICS = (
     Metric("running", "vllm:num_requests_running"),
@@ -101,4 +105,6 @@ ENGINE = register(VLLM(
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
     env_prefixes=("VLLM_",), metrics=METRICS, rendezvous_port=29501,
     node_flags=("nnodes", "n", "node-rank", "r", "master-addr", "master-port", "headless"),
-    oom_hint="lower --gpu-memory-utilization or --max-model-len, or use more GPUs (-tp)"))
+    oom_hint="lower --gpu-memory-utilization or --max-model-len, or use more GPUs (-tp)",
+    # 0.26.0 and 0.32.0 v1/core/kv_cache_utils.py: no room for any KV cache block, or not for one request
+    oom_log=r"No available memory for the cache blocks|larger than the available KV cache memory"))

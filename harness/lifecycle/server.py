@@ -119,7 +119,7 @@ def wait_healthy(ctx: RunContext) -> float:
     ctx.found.log_tail = log
     if answer.status == "died":
         code = answer.exit_code
-        if OOM.search(log):
+        if OOM.search(log) or (ctx.sweep.engine.oom_log and re.search(ctx.sweep.engine.oom_log, log)):
             raise ctx.fail(Kind.OOM, f"the server ran out of memory while starting (exit {code}): "
                            f"{ctx.sweep.engine.oom_hint}", output=log)
         said = answer.error_line

@@ -14,7 +14,7 @@ Usage:
 
     HARNESS_SIM_TIME_SCALE=0.05 HARNESS_SIM_FAULT=crash_after=20 python -m harness.sim sglang ...
 
-The flags are those of `python -m sglang.launch_server` (0.5.23) and `vllm serve` (0.33); an unknown
+The flags are those of `python -m sglang.launch_server` (0.5.23) and `vllm serve` (0.32.0); an unknown
 or removed flag fails as it does there (argparse, exit 2). Then: connection refused while loading;
 SGLang /health 503 while starting, 200 once "The server is fired up and ready to roll!"; /v1/models,
 /v1/completions and /v1/chat/completions (streaming or not, with usage, max_tokens, ignore_eos and

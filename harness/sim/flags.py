@@ -1,11 +1,14 @@
-"""The command lines of the real launchers: SGLang 0.5.23's `launch_server` and vLLM 0.33's `vllm serve`.
+"""The command lines of the real launchers: SGLang 0.5.23's `launch_server` and vLLM 0.32.0's `vllm serve`.
 
 Both real parsers are plain argparse with abbreviations allowed (the default), and the simulated ones
 are too, so they fail the same way: an unknown flag is "unrecognized arguments" (exit 2), and a flag
 that was split in two is an ambiguous prefix (sglang 0.5.20 removed `--cuda-graph-max-bs`, which now
 "could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"). Also gone from 0.5.23 and
 therefore rejected: `--enable-piecewise-cuda-graph` (0.5.14), `--enable-ep-moe` and
-`--enable-deepep-moe` (0.5.5), `--nsa-*-backend` (0.5.20).
+`--enable-deepep-moe` (0.5.5), `--nsa-*-backend` (0.5.20), `--stream-output`. Every choice list is the
+one the real `--help` prints (SGLang 0.5.23; vLLM 0.32.0 `vllm serve --help=all`, and its
+QuantizationMethods for `--quantization`, which it checks after parsing), so the simulator refuses no
+value the real engine takes and takes none it refuses.
 
 vLLM's FlexibleArgumentParser also accepts underscores for dashes and dotted config fields
 (`--profiler-config.profiler=torch`, `-cc.cudagraph_mode=NONE`): `_vllm_argv` folds those into the
@@ -23,21 +26,39 @@ from typing import Any
 from harness.sim.model import SimConfig
 
 SGLANG_VERSION = "0.5.23"
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.32.0"
 
-SGLANG_KV_DTYPES = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1", "mxfp8", "nvfp4",
-                    "fp4_mx_block16"]
-VLLM_KV_DTYPES = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"]
-QUANTIZATIONS = ["awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf",
-                 "modelopt", "modelopt_fp8", "modelopt_fp4", "petit_nvfp4", "w8a8_int8", "w8a8_fp8",
-                 "moe_wna16", "qoq", "w4afp8", "mxfp4", "compressed-tensors", "fbgemm_fp8"]
-ATTENTION_BACKENDS = ["triton", "torch_native", "flex_attention", "cutlass_mla", "fa3", "fa4", "flashinfer",
-                      "flashmla", "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave",
-                      "intel_amx", "ascend", "dsa"]
-PROFILER_FIELDS = {"profiler", "torch_profiler_dir", "torch_profiler_with_stack", "torch_profiler_with_flops",
-                   "torch_profiler_use_gzip", "torch_profiler_dump_cuda_time_total",
-                   "torch_profiler_record_shapes", "torch_profiler_with_memory", "ignore_frontend",
-                   "delay_iterations", "max_iterations"}
+SGLANG_KV_DTYPES = ["auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"]
+VLLM_KV_DTYPES = ["auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
+                  "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head", "nvfp4", "nvfp4_4over6",
+                  "nvfp4_ds_mla", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+                  "turboquant_k8v4", "ultraquant_4bit"]
+SGLANG_QUANTIZATIONS = ["awq", "fp8", "mxfp8", "gptq", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf",
+                        "modelopt", "modelopt_fp8", "modelopt_fp4", "nvfp4_online", "modelopt_mixed",
+                        "petit_nvfp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "w4afp8", "mxfp4", "auto-round",
+                        "auto-round-int8", "compressed-tensors", "modelslim", "mxfp_w4a8", "quark",
+                        "quark_int4fp8_moe", "quark_mxfp4", "mlx_q4", "mlx_q8", "unquant", "humming"]
+VLLM_QUANTIZATIONS = ["awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4",
+                      "modelopt_mxfp8", "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin",
+                      "humming", "compressed-tensors", "experts_int8", "quark", "moe_wna16", "torchao", "inc",
+                      "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor", "fp8_per_block",
+                      "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8"]
+ATTENTION_BACKENDS = ["triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3",
+                      "fa4", "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla",
+                      "tokenspeed_mla", "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer",
+                      "aiter", "wave", "intel_amx", "ascend", "intel_xpu"]
+MOE_A2A_BACKENDS = ["none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe",
+                    "deepep_v2", "pplx", "ascend_tp", "flashinfer_megamoe"]
+ALL2ALL_BACKENDS = ["naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+                    "allgather_reducescatter", "flashinfer_all2allv", "flashinfer_nvlink_one_sided",
+                    "flashinfer_nvlink_two_sided", "moonep", "mori_high_throughput", "mori_low_latency", "nixl_ep"]
+PROFILER_FIELDS = {   # vLLM 0.32.0 config/profiler.py ProfilerConfig
+    "profiler", "torch_profiler_dir", "torch_profiler_activities", "proton_profiler_dir", "proton_context",
+    "proton_data", "proton_backend", "proton_mode", "proton_hook", "proton_output_format",
+    "proton_graph_attribution", "torch_profiler_with_stack", "torch_profiler_with_flops",
+    "torch_profiler_use_gzip", "torch_profiler_dump_cuda_time_total", "torch_profiler_record_shapes",
+    "torch_profiler_with_memory", "capture_torch_profiler", "detailed_trace_annotation", "ignore_frontend",
+    "delay_iterations", "max_iterations", "warmup_iterations", "active_iterations", "wait_iterations"}
 
 
 def sglang_parser() -> argparse.ArgumentParser:
@@ -68,7 +89,7 @@ def sglang_parser() -> argparse.ArgumentParser:
     add("--api-key")
     flag("--skip-server-warmup")
     # Quantization and memory
-    add("--quantization", choices=QUANTIZATIONS)
+    add("--quantization", choices=SGLANG_QUANTIZATIONS)
     add("--kv-cache-dtype", default="auto", choices=SGLANG_KV_DTYPES)
     add("--mem-fraction-static", type=float)
     add("--max-running-requests", type=int)
@@ -81,7 +102,6 @@ def sglang_parser() -> argparse.ArgumentParser:
     flag("--disable-radix-cache")
     flag("--disable-overlap-schedule")
     add("--stream-interval", type=int, default=1)
-    flag("--stream-output")
     add("--watchdog-timeout", type=float, default=300)
     add("--device", default="cuda")
     add("--base-gpu-id", type=int, default=0)
@@ -93,8 +113,7 @@ def sglang_parser() -> argparse.ArgumentParser:
     add("--attn-dp-size", type=int, default=1)
     flag("--enable-dp-attention")  # deprecated in 0.5.22 for --attn-dp-size, still accepted
     flag("--enable-dp-lm-head")
-    add("--moe-a2a-backend", default="none", choices=["none", "deepep", "mooncake", "mori", "ascend_fuseep",
-                                                       "flashinfer"])
+    add("--moe-a2a-backend", default="none", choices=MOE_A2A_BACKENDS)
     add("--moe-runner-backend", default="auto")
     add("--deepep-mode", default="auto", choices=["normal", "low_latency", "auto"])
     flag("--enable-eplb")
@@ -111,7 +130,7 @@ def sglang_parser() -> argparse.ArgumentParser:
     add("--decode-attention-backend", choices=ATTENTION_BACKENDS)
     add("--dsa-prefill-backend")
     add("--dsa-decode-backend")
-    add("--sampling-backend", choices=["flashinfer", "pytorch", "ascend"])
+    add("--sampling-backend", choices=["flashinfer", "intel_xpu", "pytorch", "ascend"])
     add("--grammar-backend")
     flag("--enable-deterministic-inference")
     # Communication and overlap
@@ -179,10 +198,9 @@ def vllm_parser() -> argparse.ArgumentParser:
     add("--data-parallel-address", "-dpa")
     add("--data-parallel-rpc-port", "-dpp", type=int)
     add("--data-parallel-start-rank", "-dpr", type=int)
-    add("--headless", action=boolean, default=False)
+    add("--headless", action="store_true")
     add("--enable-expert-parallel", "-ep", action=boolean, default=False)
-    add("--all2all-backend", choices=["naive", "pplx", "deepep_high_throughput", "deepep_low_latency",
-                                      "allgather_reducescatter", "flashinfer_all2allv"])
+    add("--all2all-backend", choices=ALL2ALL_BACKENDS)
     add("--nnodes", "-n", type=int, default=1)
     add("--node-rank", "-r", type=int, default=0)
     add("--master-addr", default="127.0.0.1")
@@ -194,10 +212,9 @@ def vllm_parser() -> argparse.ArgumentParser:
     add("--compilation-config", "-cc", type=_json_object, default={})
     # Memory, cache and scheduling
     add("--kv-cache-dtype", default="auto", choices=VLLM_KV_DTYPES)
-    add("--quantization", "-q", choices=QUANTIZATIONS)
+    add("--quantization", "-q", choices=VLLM_QUANTIZATIONS)
     add("--gpu-memory-utilization", type=float, default=0.9)
     add("--block-size", type=int)
-    add("--swap-space", type=float, default=4)
     add("--max-num-seqs", type=int)
     add("--max-num-batched-tokens", type=int)
     add("--enable-chunked-prefill", action=boolean)
@@ -281,11 +298,21 @@ def parse(engine: str, argv: Sequence[str]) -> argparse.Namespace:
     return ns
 
 
+def sglang_dp(ns: argparse.Namespace) -> tuple[int, int]:
+    """(attention-DP groups, data-parallel replicas) as SGLang 0.5.23 resolves them
+    (`arg_groups/parallel_hook.py` _handle_deprecated_dp_attention): `--dp-size N --enable-dp-attention`
+    is `--attn-dp-size N`; otherwise `--dp-size` counts replicas, each a TP group on GPUs of its own."""
+    if ns.enable_dp_attention and ns.attn_dp_size == 1:
+        return ns.dp_size, 1
+    return ns.attn_dp_size, ns.dp_size
+
+
 def sim_config(engine: str, ns: argparse.Namespace) -> SimConfig:
     """What the latency model needs from a parsed command line."""
     if engine == "sglang":
+        attn_dp, replicas = sglang_dp(ns)
         return SimConfig(
-            engine="sglang", tp=ns.tp_size, dp=ns.dp_size, pp=ns.pp_size, ep=ns.ep_size,
+            engine="sglang", tp=ns.tp_size, dp=attn_dp * replicas, pp=ns.pp_size, ep=ns.ep_size,
             mscclpp=ns.enable_mscclpp,
             cuda_graphs=not (ns.disable_cuda_graph or ns.cuda_graph_backend_decode == "disabled"),
             torch_compile=ns.enable_torch_compile,

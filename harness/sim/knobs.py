@@ -24,6 +24,8 @@
                                               answer anything again, health included
                               never_healthy   the health endpoints answer 503 forever
                               oom_at_start    print a CUDA OOM traceback while loading and exit 1
+                              no_kv_cache     load, then print the engine's own "no memory left for
+                                              the KV cache" error and exit 1
                               profile_500     the profiler endpoints answer 500 and write nothing
 """
 
@@ -40,6 +42,7 @@ class Faults:
     hang_after: int | None = None
     never_healthy: bool = False
     oom_at_start: bool = False
+    no_kv_cache: bool = False
     profile_500: bool = False
 
 
@@ -71,11 +74,11 @@ def parse_faults(text: str) -> Faults:
                 values[name] = int(value)
             except ValueError:
                 raise KnobError(f"HARNESS_SIM_FAULT: {name} needs a whole number, got {value!r}") from None
-        elif name in ("never_healthy", "oom_at_start", "profile_500") and not eq:
+        elif name in ("never_healthy", "oom_at_start", "no_kv_cache", "profile_500") and not eq:
             values[name] = True
         else:
             raise KnobError(f"HARNESS_SIM_FAULT: unknown fault {item!r} (known: crash_after=N, hang_after=N, "
-                            "never_healthy, oom_at_start, profile_500)")
+                            "never_healthy, oom_at_start, no_kv_cache, profile_500)")
     return Faults(**values)
 
 

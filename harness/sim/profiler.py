@@ -51,16 +51,20 @@ VLLM_ACTIVE = ("A profiling session is already active. Call /stop_profile before
                "session.")
 
 
-def sglang_rank_names(*, tp: int, dp: int, pp: int, ep: int, nnodes: int = 1, node_rank: int = 0
-                      ) -> list[tuple[int, str]]:
-    """(global rank, file-name part) of every rank on this node, in SGLang's naming."""
-    world = tp * pp
+def sglang_rank_names(*, tp: int, dp: int, pp: int, ep: int, replicas: int = 1, nnodes: int = 1,
+                      node_rank: int = 0) -> list[tuple[int, str]]:
+    """(global rank, file-name part) of every rank on this node, in SGLang's naming: `dp` attention-DP
+    groups inside the TP group, or `replicas` data-parallel replicas, each a TP x PP group of its own
+    (0.5.23: one of the two is 1; the profiler adds `-DP-{d}` when their product is over 1)."""
+    world = tp * pp * replicas
     per_node = max(1, world // max(1, nnodes))
     names = []
     for g in range(node_rank * per_node, min(world, (node_rank + 1) * per_node)):
-        t, p = g % tp, g // tp
+        t, p, r = g % tp, (g // tp) % pp, g // (tp * pp)
         name = f"TP-{t}"
-        if dp > 1:
+        if replicas > 1:
+            name += f"-DP-{r}"
+        elif dp > 1:
             name += f"-DP-{t // max(1, tp // dp)}"
         if pp > 1:
             name += f"-PP-{p}"

@@ -104,10 +104,11 @@ class SimServer:
         fail = knobs.faults.profile_500
         self.profiler: Profiler
         if engine == "sglang":
+            attn_dp, replicas = flags.sglang_dp(ns)
             self.profiler = SglangProfiler(
-                model=self.model, world_size=cfg.tp * cfg.pp, trace_mb=knobs.trace_mb, fail=fail,
-                ranks=sglang_rank_names(tp=cfg.tp, dp=cfg.dp, pp=cfg.pp, ep=cfg.ep, nnodes=ns.nnodes,
-                                        node_rank=ns.node_rank),
+                model=self.model, world_size=cfg.tp * cfg.pp * replicas, trace_mb=knobs.trace_mb, fail=fail,
+                ranks=sglang_rank_names(tp=cfg.tp, dp=attn_dp, pp=cfg.pp, ep=cfg.ep, replicas=replicas,
+                                        nnodes=ns.nnodes, node_rank=ns.node_rank),
                 log=lambda m: self.log(m, rank=True))
         else:
             self.profiler = VllmProfiler(
@@ -191,6 +192,9 @@ class SimServer:
                 return 1
             await asyncio.sleep(self.knobs.startup_s)
             self._log_loaded()
+            if self.knobs.faults.no_kv_cache:
+                self._log_no_kv_cache()
+                return 1
             if peer and self.engine == "vllm":   # headless: workers only, no API server
                 tasks.append(asyncio.create_task(self.scheduler.run()))
                 await asyncio.gather(*tasks)   # until node 0 goes (then this process exits) or SIGTERM
@@ -524,6 +528,22 @@ class SimServer:
             self.log.uvicorn(line)
         if self.engine == "sglang":
             self.log.uvicorn(f"Uvicorn running on http://{host}:{self.ns.port} (Press CTRL+C to quit)")
+
+    def _log_no_kv_cache(self) -> None:
+        """The weights fit, the KV cache does not: each engine's own words, with no "out of memory" in
+        them (SGLang 0.5.23 mem_cache/kv_cache_configurator.py; vLLM 0.26.0 and 0.32.0
+        v1/core/kv_cache_utils.py)."""
+        if self.engine == "sglang":
+            self.log("Scheduler hit an exception: ValueError: Loaded weights leave no GPU memory for the KV "
+                     "cache under --mem-fraction-static=0.5. Raise --mem-fraction-static above 0.812 "
+                     "(minimum viable = 1 - available/pre = 0.812).", rank=True)
+            self.log("Received sigquit from a child process. It usually means the child failed.")
+        else:
+            self.log("EngineCore failed to start.\nValueError: No available memory for the cache blocks. Try "
+                     "increasing `gpu_memory_utilization` when initializing the engine (this flag also "
+                     "controls CPU memory reservation on the CPU backend, despite its name). See "
+                     "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+                     "core.py:708")
 
     def _log_oom(self) -> None:
         runner = f"{_site()}/{'sglang/srt/model_executor' if self.engine == 'sglang' else 'vllm/v1/worker'}"

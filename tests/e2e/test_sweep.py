@@ -208,6 +208,19 @@ def test_a_server_that_runs_out_of_memory_fails_fast_as_oom_with_its_log(tmp_pat
     assert (sweep_dir(tmp_path / "r") / "runs" / "big-1" / "server.log").exists()
 
 
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_no_memory_left_for_the_kv_cache_is_oom_in_each_engines_own_words(tmp_path, ssh_inventory, engine):
+    """Neither engine says "out of memory" when the weights leave no room for the KV cache (SGLang
+    0.5.23, vLLM 0.26.0 and 0.32.0): it was a plain launch failure, without the hint."""
+    pb = playbook(tmp_path, engine=engine, profile="none",
+                  configs=[{"name": "big", "env": {"HARNESS_SIM_FAULT": "no_kv_cache"}}])
+    run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
+    assert run.returncode == 1
+    m = manifests(tmp_path / "r")["big-1"]
+    assert m["error"]["kind"] == "oom", m["error"]
+    assert "out of memory" not in m["error"]["log_tail"].lower() and "memory for the" in m["error"]["log_tail"]
+
+
 def test_a_profiler_that_answers_500_keeps_the_benchmark_and_says_what_it_answered(tmp_path, ssh_inventory):
     pb = playbook(tmp_path, configs=[{"name": "p", "env": {"HARNESS_SIM_FAULT": "profile_500"}}])
     run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
