@@ -22,6 +22,7 @@ from rich.text import Text
 
 import harness
 from harness.errors import HarnessError, InputError
+from harness.report.escape import printable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -32,13 +33,13 @@ err = Console(stderr=True)
 
 def _say(line: str) -> None:
     """A line of the harness's own on stderr, as it is (no markup, no highlighting)."""
-    err.print(Text(line), highlight=False)
+    err.print(Text(printable(line)), highlight=False)
 
 
 def _show(console: Console, line: str, **kwargs) -> None:
     """A line that holds names or paths from outside (a sweep's folder, a playbook's path, a reason): as
     written, never markup (`out[/]x` is a folder's name) nor emoji codes."""
-    console.print(line, markup=False, emoji=False, **kwargs)
+    console.print(printable(line), markup=False, emoji=False, **kwargs)
 
 
 def _writable(path: Path, option: str, *, directory: bool) -> None:
@@ -97,13 +98,13 @@ def exits(fn):
         try:
             return fn(*args, **kwargs)
         except InputError as e:
-            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False, soft_wrap=True)
+            err.print(Text.assemble(("error: ", "red"), printable(str(e))), highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except HarnessError as e:  # a message may hold `[host]` or `[/]`: text, never markup
-            err.print(Text.assemble(("error: ", "red"), str(e)), highlight=False, soft_wrap=True)
+            err.print(Text.assemble(("error: ", "red"), printable(str(e))), highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
         except OSError as e:  # a path the system refused (a directory where a file goes, no space left)
-            err.print(Text.assemble(("error: ", "red"), _os_error(e)), highlight=False, soft_wrap=True)
+            err.print(Text.assemble(("error: ", "red"), printable(_os_error(e))), highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted")
@@ -196,14 +197,14 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         _show(err, f"interrupted: {resume_hint}")
         raise typer.Exit(130)
     if outcome.fatal:
-        err.print(Text.assemble(("error: ", "red"), outcome.fatal), soft_wrap=True)
+        err.print(Text.assemble(("error: ", "red"), printable(outcome.fatal)), soft_wrap=True)
         raise typer.Exit(1)
     if source is not None and source.failure:
-        err.print(Text.assemble(("error: ", "red"), source.failure), soft_wrap=True)
+        err.print(Text.assemble(("error: ", "red"), printable(source.failure)), soft_wrap=True)
         raise typer.Exit(1)
     misses = sweep_misses(outcome.sweep_dir, rows) if outcome.manifests else []
     for miss in misses:
-        err.print(Text.assemble(("reference missed: ", "red"), str(miss)), highlight=False)
+        err.print(Text.assemble(("reference missed: ", "red"), printable(str(miss))), highlight=False)
     if outcome.failed:
         err.print(f"[red]{len(outcome.failed)} of {len(outcome.manifests)} runs failed[/]")
     skipped = [m for m in outcome.manifests if m.status == "skipped"]
@@ -366,7 +367,7 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
 
 @app.command()
 @exits
-def analyze(path: Path, top: Annotated[int, typer.Option(help="kernels to show")] = 15,
+def analyze(path: Path, top: Annotated[int, typer.Option(min=1, help="kernels to show")] = 15,
             format: Format = TableOrJson.table):
     """Where the GPU time goes: a trace file, a profile directory or a run directory."""
     from harness.analysis import analyze_path
@@ -401,6 +402,8 @@ def compare(results: list[Path],
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
     else:
         raise InputError(f"unknown format {format!r}: table, json, csv or markdown", key="--format")
+    for line in cmp.unreadable(results):
+        _show(err, f"warning: {line}", highlight=False, soft_wrap=True)
     misses = [m["message"] for r in rows for m in r["misses"]]
     if misses:
         err.print(f"[red]{len(misses)} reference(s) missed[/]", highlight=False)

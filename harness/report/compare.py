@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,15 +36,17 @@ from harness.remote.stats import STATS
 from harness.report import noise, telemetry_view
 from harness.report.analysis_view import short_name
 from harness.report.live import profile_warning
-from harness.report.plain import PlainTable
+from harness.report.plain import PlainTable, printable
 from harness.report.references import check_references, references_of
 from harness.results import (
     BenchLevel,
     RunManifest,
     RunResult,
     SweepLayout,
+    Unreadable,
     find_sweeps,
     load_runs,
+    read_model,
     read_search,
     samples,
 )
@@ -215,16 +218,14 @@ def _row(config: str, runs: list[Sample]) -> dict:
                  "request_rate": first_level.request_rate if first_level else None,
                  "probe": bool(first_level and first_level.probe),
                  "workload": first_level.workload.model_dump() if first_level and first_level.workload else None}
-    failed = [s.manifest for s in runs if not s.manifest.ok]
-    err = failed[0].error if failed else None
-    row["error"] = err.line() if err else None
+    row["error"] = _why_no_figures(runs)
     row["completed"] = sum(s.level.completed for s in runs if s.level)
     row["failed"] = sum(s.level.failed for s in runs if s.level)
     for metric in DISTRIBUTIONS:
         for q in STATS:
-            row[f"{metric}_{q}"] = _median([lv.stat(metric, q) for lv in levels])
+            row[f"{metric}_{q}"] = _median([_figure(lv.stat(metric, q)) for lv in levels])
     for metric in ("output_tok_s", "requests_per_s", "tokens_per_chunk", "goodput_req_s", "achieved_rate_req_s"):
-        row[metric] = _median([getattr(lv, metric) for lv in levels])
+        row[metric] = _median([_figure(getattr(lv, metric)) for lv in levels])
     row["slo"] = next((lv.slo for lv in levels if lv.slo), None)
     row["slo_met"] = None if row["slo"] is None else all(lv.slo_met for lv in levels if lv.slo is not None)
     row["schedule_lag_ms_p99"] = _median([lv.stat("schedule_lag_ms", "p99") for lv in levels])
@@ -246,6 +247,39 @@ def _row(config: str, runs: list[Sample]) -> dict:
         for s in ok if s.level and s.run.telemetry is not None])
     row["telemetry_notes"] = list(dict.fromkeys(n for s in ok if s.run.telemetry for n in s.run.telemetry.notes()))
     return row
+
+
+def _why_no_figures(runs: Sequence[Sample]) -> str | None:
+    """What keeps some of a row's runs out of its figures: the first failed run's error, else why a
+    run was skipped, else that an ok run left no benchmark results (its bench.json missing or
+    unreadable): a row without figures always says why."""
+    failed = [s.manifest for s in runs if s.manifest.status == "failed"]
+    if failed:
+        err = failed[0].error
+        return err.line() if err else "failed: no error recorded"
+    skipped = [s.manifest for s in runs if s.manifest.status == "skipped"]
+    if skipped:
+        return f"skipped: {skipped[0].skipped or 'never started'}"
+    lost = [s.run.layout for s in runs if s.manifest.ok and s.run.bench is None]
+    if lost:
+        bench = lost[0].bench
+        return (f"no benchmark results: {bench.parent.name}/{bench.name} "
+                + ("is unreadable" if bench.exists() else "is missing"))
+    return None
+
+
+def unreadable(paths: list[Path]) -> list[str]:
+    """The run folders whose manifest.json is there but cannot be read (cut short, or not a manifest):
+    compare and the report leave those runs out, and say so. A folder without one is a run still
+    going, not a fault."""
+    out = []
+    for sweep_dir in (s for p in paths for s in find_sweeps(p)):
+        for layout in SweepLayout(sweep_dir).run_layouts():
+            try:
+                read_model(layout.manifest, RunManifest)
+            except Unreadable as e:
+                out.append(f"{e} (run {layout.run_id} left out)")
+    return sorted(out)
 
 
 def _time_scale(runs: Sequence[Sample]) -> float:
@@ -276,8 +310,8 @@ def time_note(rows: list[dict]) -> str | None:
 def _intervals(ok: Sequence[Sample]) -> tuple[tuple[float, float] | None, ...]:
     """95% intervals of the median ITL p50 and tok/s: over the repeats, or for one run, over its
     requests (ITL only: tok/s is one figure a level)."""
-    itl = [v for s in ok if s.level and (v := s.level.stat("itl_ms", "p50")) is not None]
-    tok = [v for s in ok if s.level and (v := s.level.output_tok_s) is not None]
+    itl = [v for s in ok if s.level and (v := _figure(s.level.stat("itl_ms", "p50"))) is not None]
+    tok = [v for s in ok if s.level and (v := _figure(s.level.output_tok_s)) is not None]
     if len(ok) >= 2:
         return noise.bootstrap_ci(itl), noise.bootstrap_ci(tok)
     if len(ok) == 1 and (level := ok[0].level) is not None:
@@ -353,8 +387,14 @@ def winner_text(w: dict) -> str:
     return line + (f"\nlaunch: {w['launch']}" if w.get("launch") else "")
 
 
+def _figure(value: float | None) -> float | None:
+    """A latency or a rate as bench.json gives it, None where no measurement can be: NaN, infinite or
+    negative (the host wrote the file; such a value would pass for a figure, or stop the table)."""
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
 def _median(values: list) -> float | None:
-    values = [v for v in values if v is not None]
+    values = [v for v in values if v is not None and math.isfinite(v)]
     return statistics.median(values) if values else None
 
 
@@ -387,8 +427,14 @@ def _analysis(runs: Sequence[Sample]) -> dict | None:
 
 
 def _fmt(v) -> str:
-    if v is None:
-        return "-"
+    return "-" if v is None else number(v)
+
+
+def number(v: float) -> str:
+    """A figure to three significant digits or more: `1,255`, `17.1`, `5.19`; in three figures from a
+    billion on (`1e+308`), where a whole number would take the width of the table."""
+    if abs(v) >= 1e9:
+        return f"{v:.3g}"
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
@@ -442,21 +488,21 @@ def table(rows: list[dict], *, title: str = "configurations"):
         t.add_row(*cells, style="red" if (row.get("error") and not row["ok"]) or row.get("misses") else None)
     parts: list[RenderableType] = [t]
     if notes_load := load_notes(rows):
-        parts.append(Text(notes_load))
+        parts.append(Text(printable(notes_load)))
     if note := time_note(rows):
-        parts.append(Text(f"note: {note}.", style="yellow"))
+        parts.append(Text(printable(f"note: {note}."), style="yellow"))
     problems = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
     problems += [f"{r['config']}: {r['profile_warning']}" for r in rows if r.get("profile_warning")]
     problems += [f"reference missed: {m['message']}" for r in rows for m in r.get("misses") or []]
     if problems:
-        parts.append(Text("\n".join(dict.fromkeys(problems)), style="red"))
+        parts.append(Text(printable("\n".join(dict.fromkeys(problems))), style="red"))
     if (telemetry := telemetry_table(rows)) is not None:
         parts += [Text(""), telemetry]
     kernels = _kernel_table(rows, base)
     if kernels and len(parts) > 1:
         parts.append(Text(""))
     best = winner(rows)   # its launch command follows the table, whole (`launch_line`): it is there to be copied
-    ending = [Text(""), Text(winner_text(best).partition("\n")[0], style="bold")] if best else []
+    ending = [Text(""), Text(printable(winner_text(best).partition("\n")[0]), style="bold")] if best else []
     return Group(*parts, *([kernels] if kernels else []), *ending)
 
 
@@ -501,7 +547,7 @@ def telemetry_table(rows: list[dict]) -> Group | None:
     shown = [r for r in rows if telemetry_view.has_figures(r.get("telemetry"))]
     if not shown:
         notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
-        return Group(Text("telemetry: " + "; ".join(notes), style="yellow")) if notes else None
+        return Group(Text(printable("telemetry: " + "; ".join(notes)), style="yellow")) if notes else None
     columns = [c for c in TELEMETRY_COLUMNS if any(r["telemetry"].get(c[0]) is not None for r in shown)]
     t = PlainTable(title="telemetry per level", header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,
                    pad_edge=False, collapse_padding=True)
@@ -519,8 +565,10 @@ def telemetry_table(rows: list[dict]) -> Group | None:
     if not all(r["telemetry"].get("bracketed") for r in shown):
         parts.append(Text("some levels lack a sample before or after them: counters (prefix hits, spec "
                           "acceptance) left out there", style="yellow"))
+    if short := telemetry_view.unsampled(shown):
+        parts.append(Text(printable(short), style="yellow"))
     if notes:
-        parts.append(Text("telemetry: " + "; ".join(notes), style="yellow"))
+        parts.append(Text(printable("telemetry: " + "; ".join(notes)), style="yellow"))
     return Group(*parts)
 
 
@@ -623,7 +671,13 @@ def _baseline(rows: list[dict], name: str | None) -> list[dict]:
 
 
 def _pct(change: float | None) -> str:
-    return "-" if change is None else f"{round(change * 100):+d}%"
+    return "-" if change is None else percent(change)
+
+
+def percent(change: float) -> str:
+    """A change as a whole percentage, `+12%`; in three figures beyond ±99,999% (`+8e+306%`)."""
+    points = change * 100
+    return f"{points:+.3g}%" if abs(points) >= 1e5 else f"{round(points):+d}%"
 
 
 def _judged(change: float | None, verdict: str | None) -> str:
@@ -660,19 +714,25 @@ def as_markdown(rows: list[dict]) -> str:
             + ["goodput req/s"] * goodput
             + ["roofline ms", "efficiency"] * roofline
             + [f"ITL vs {base}", f"tok/s vs {base}", "misses", "error"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(map(_md_cell, head)) + " |", "|" + "---|" * len(head)]
     for r in map(_flat, rows):
         cells = ([r["config"], load_label(r)] + [_fmt(r.get(f"{m}_{q}")) for m, q, _ in METRICS]
                  + [_fmt(r.get("output_tok_s"))] + [_fmt(r.get("goodput_req_s"))] * goodput
                  + [_fmt(r.get("theoretical_ms")), format_efficiency(r.get("efficiency"))] * roofline
                  + [_pct(r.get("itl_vs_baseline")), _pct(r.get("tok_s_vs_baseline")), r["misses"] or "",
                     r.get("error") or ""])
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(map(_md_cell, cells)) + " |")
     note = time_note(rows)
-    loads = load_notes(rows)
+    loads = printable(load_notes(rows))
     return ("\n".join(lines) + "\n" + ("\n" + "\n\n".join(loads.splitlines()) + "\n" if loads else "")
-            + (f"\nNote: {note}.\n" if note else "")
+            + (f"\nNote: {printable(note)}.\n" if note else "")
             + _telemetry_markdown(rows))
+
+
+def _md_cell(text: str) -> str:
+    """A cell of a markdown table on its one line: a multi-line error or name would end the row, a `|`
+    split it, a control character reach the terminal it is printed on."""
+    return printable(" ".join(text.splitlines())).replace("|", "\\|")
 
 
 def _telemetry_markdown(rows: list[dict]) -> str:
@@ -688,5 +748,7 @@ def _telemetry_markdown(rows: list[dict]) -> str:
     for r in shown:
         cells = [r["config"], load_label(r)]
         cells += [_telemetry_cell(r["telemetry"].get(k), f) for k, _, f in columns]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(map(_md_cell, cells)) + " |")
+    if short := telemetry_view.unsampled(shown):
+        lines += ["", f"Note: {printable(short)}."]
     return "\n".join(lines) + "\n"

@@ -19,7 +19,18 @@ from harness.analysis.roofline import format_efficiency
 from harness.errors import tail
 from harness.report import plots, search_view, telemetry_view
 from harness.report.analysis_view import short_name
-from harness.report.compare import collect, load_label, load_notes, max_load_text, time_note, winner, winner_text
+from harness.report.compare import (
+    collect,
+    load_label,
+    load_notes,
+    max_load_text,
+    number,
+    percent,
+    time_note,
+    unreadable,
+    winner,
+    winner_text,
+)
 from harness.results import RunResult, atomic_write, find_sweeps, load_runs, samples
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -47,7 +58,7 @@ def render_report(paths: list[Path], *, baseline: str | None = None) -> str:
                 "failed": sum(r.manifest.status == "failed" for r in runs),
                 "misses": sum(len(r["misses"]) for r in rows)},
         charts=_charts(rows, runs, colors), workloads=_by_workload(rows, colors), kernels=_kernels(rows),
-        failures=_failures(runs), hosts=_hosts(runs, rows),
+        failures=_failures(runs) + _unreadable(paths), hosts=_hosts(runs, rows),
         telemetry=_telemetry(rows, runs, colors),
         roofline=_roofline_facts(runs, rows), has_roofline=any(r.get("theoretical_ms") for r in rows),
         time_note=time_note(rows),
@@ -153,7 +164,7 @@ def _telemetry(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) 
     shown = [r for r in rows if telemetry_view.has_figures(r.get("telemetry"))]
     notes = list(dict.fromkeys(n for r in rows for n in r.get("telemetry_notes") or []))
     if not shown:
-        return {"rows": [], "charts": {}, "timelines": [], "notes": notes} if notes else None
+        return {"rows": [], "charts": {}, "timelines": [], "notes": notes, "unsampled": None} if notes else None
     charts = {}
     closed = [r for r in shown if r["concurrency"] and not r.get("probe")]   # drawn: the first such workload's
     for key, label, scale in TELEMETRY_CHARTS:
@@ -164,7 +175,8 @@ def _telemetry(rows: list[dict], runs: list[RunResult], colors: dict[str, str]) 
         if series:
             charts[key] = Markup(plots.line_chart(series, colors, xlabel="concurrency (requests in flight)",
                                                   ylabel=label))
-    return {"rows": shown, "charts": charts, "timelines": _timelines(runs, colors), "notes": notes}
+    return {"rows": shown, "charts": charts, "timelines": _timelines(runs, colors), "notes": notes,
+            "unsampled": telemetry_view.unsampled(shown)}
 
 
 def _timelines(runs: list[RunResult], colors: dict[str, str]) -> list[dict]:
@@ -233,7 +245,8 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 
 
 def _failures(runs: list[RunResult]) -> list[dict]:
-    """Failed runs with their reason and the end of the server's log; failed profiles too (the run
+    """Failed runs with their reason and the end of the server's log; skipped runs and ok runs that
+    left no benchmark results (nothing of theirs is in the figures); failed profiles too (the run
     stands, but the breakdown is missing)."""
     out = []
     for run in runs:
@@ -245,10 +258,24 @@ def _failures(runs: list[RunResult]) -> list[dict]:
                 log_tail = tail(run.layout.server_log.read_text(errors="replace"), 40)
             out.append({"run_id": m.run_id, "host": m.host.name, "kind": err and err.kind,
                         "message": err and err.message, "log_tail": log_tail})
+        elif m.status == "skipped":
+            out.append({"run_id": m.run_id, "host": m.host.name, "kind": "skipped",
+                        "message": m.skipped or "never started", "log_tail": None})
+        elif run.bench is None:
+            bench = run.layout.bench
+            out.append({"run_id": m.run_id, "host": m.host.name, "kind": "no benchmark results",
+                        "message": f"{bench.name} is {'unreadable' if bench.exists() else 'missing'}",
+                        "log_tail": None})
         elif m.profile is not None and m.profile.status == "failed":
             out.append({"run_id": m.run_id, "host": m.host.name, "kind": "profile",
                         "message": m.profile.error, "log_tail": m.profile.hint})
     return out
+
+
+def _unreadable(paths: list[Path]) -> list[dict]:
+    """Runs left out because their manifest cannot be read, as failures: the page counts none of them."""
+    return [{"run_id": "", "host": None, "kind": "unreadable", "message": line, "log_tail": None}
+            for line in unreadable(paths)]
 
 
 def _hosts(runs: list[RunResult], rows: list[dict]) -> list[dict]:
@@ -304,9 +331,7 @@ def _roofline_facts(runs: list[RunResult], rows: list[dict]) -> dict | None:
 
 
 def _num(v) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+    return "–" if v is None else number(v)
 
 
 def _share(v) -> str:
@@ -314,4 +339,4 @@ def _share(v) -> str:
 
 
 def _pct(change) -> str:
-    return "–" if change is None else f"{round(change * 100):+d}%"
+    return "–" if change is None else percent(change)

@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from harness.report.escape import printable
 from harness.report.plain import PlainTable
 from harness.results import RunManifest
 
@@ -63,7 +64,7 @@ class Display:
             return
         try:
             # soft_wrap: a message is one line to copy (a keyscan command, a fingerprint), however narrow
-            self.console.print(message, markup=False, emoji=False, highlight=False, soft_wrap=True)
+            self.console.print(printable(message), markup=False, emoji=False, highlight=False, soft_wrap=True)
         except OSError:  # the reader went away (a closed pipe): the sweep goes on, silently
             self.console = None
 

@@ -12,6 +12,7 @@ from rich import box
 from rich.console import Group
 from rich.text import Text
 
+from harness.report.escape import printable
 from harness.report.plain import PlainTable
 from harness.results import SearchFile, SweepLayout, Unreadable, find_sweeps, load_run, read_search
 
@@ -77,7 +78,7 @@ def render_search(search: SearchFile) -> Group:
                   style="bold" if trial.number == best else "red" if trial.state == "failed" else
                   "dim" if trial.state == "duplicate" else None)
     text = best_text(search)
-    return Group(t, Text(text, style="bold") if text else Text("no trial has a value yet", style="yellow"))
+    return Group(t, Text(printable(text), style="bold") if text else Text("no trial has a value yet", style="yellow"))
 
 
 def render_searches(paths: list[Path]) -> list[tuple[Group, str | None]]:

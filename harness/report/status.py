@@ -13,7 +13,7 @@ from harness.errors import InputError
 from harness.journal import read_journal
 from harness.lock import describe, holder
 from harness.report.live import how_long
-from harness.report.plain import PlainTable
+from harness.report.plain import PlainTable, printable
 from harness.results import SweepLayout, find_sweeps, read_sweep
 
 STYLE = {"ok": "green", "failed": "red", "running": "yellow", "retry": "yellow", "interrupted": "magenta",
@@ -30,7 +30,7 @@ def sweep_status(path: Path) -> dict:
     finished = info.finished if info else None
     runs: dict[str, dict] = {r.run_id: {"run_id": r.run_id, "state": "pending", "config": r.config}
                              for r in (info.runs if info else [])}
-    for event in read_journal(sweep.journal):
+    for event in _journal(sweep):
         run = runs.setdefault(event.run_id, {"run_id": event.run_id, "state": "pending"})
         run["state"] = event.state
         run["since"] = event.t
@@ -59,6 +59,16 @@ def sweep_status(path: Path) -> dict:
             "state": "running" if running is not None else "finished" if finished else "stopped"}
 
 
+def _journal(sweep: SweepLayout) -> list:
+    """The journal's events; a journal that is not UTF-8 text (a damaged disk, a file not ours) is an
+    error naming it, not a traceback."""
+    try:
+        return read_journal(sweep.journal)
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text at byte {e.start}: damaged, or not a journal",
+                         file=str(sweep.journal)) from None
+
+
 def render(status: dict):
     t = PlainTable(title=f"{status['sweep_id']}", box=box.SIMPLE_HEAD, header_style="bold", title_justify="left")
     for col in ("run", "state", "host", "attempt", "time", "note"):
@@ -73,4 +83,4 @@ def render(status: dict):
     state = {"running": f"running: {describe(status['orchestrator'])}", "finished": "finished",
              "stopped": "stopped before the end: finish it with `harness sweep PLAYBOOK --resume`"}[status["state"]]
     eta = f"; about {how_long(status['eta_s'])} left" if status["eta_s"] else ""
-    return Group(t, Text(f"{len(status['runs'])} runs: {counts} ({state}{eta})", style="bold"))
+    return Group(t, Text(printable(f"{len(status['runs'])} runs: {counts} ({state}{eta})"), style="bold"))

@@ -91,8 +91,9 @@ def level_summary(t: TelemetryFile, start_ns: int | None, end_ns: int | None) ->
         return None
     samples = t.samples("metrics")
     window, bracketed = bracket(samples, start_ns, end_ns)
-    within = inside(samples, start_ns, end_ns) or window
-    out: dict[str, Any] = {"samples": len(window), "bracketed": bracketed}
+    own = inside(samples, start_ns, end_ns)
+    within = own or window
+    out: dict[str, Any] = {"samples": len(window), "bracketed": bracketed, "sampled_within": bool(own)}
     for m in t.metrics:
         series = [v for s in within if (v := value_of(s.values, m)) is not None]
         if m.kind == "counter":
@@ -146,13 +147,26 @@ def pooled(summaries: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
     got = [s for s in summaries if s]
     if not got:
         return None
-    out: dict[str, Any] = {"runs": len(got), "bracketed": all(s.get("bracketed") for s in got)}
+    out: dict[str, Any] = {"runs": len(got), "bracketed": all(s.get("bracketed") for s in got),
+                           "sampled_within": all(s.get("sampled_within", True) for s in got)}
     for key in SCALARS:
         values = [s[key] for s in got if s.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     if any("gpus" in s for s in got):
         out["gpus"] = next(s["gpus"] for s in got if "gpus" in s)
     return out
+
+
+def unsampled(rows: Sequence[dict[str, Any]]) -> str | None:
+    """What a reader must know of the levels no sample of /metrics fell within (shorter than the
+    interval): their gauges are the samples just before and after them, the levels around them."""
+    short = [f"{r['config']} {r.get('scenario') or ''} {r.get('request_rate') or r.get('concurrency') or ''}"
+             for r in rows if has_figures(r.get("telemetry")) and not r["telemetry"].get("sampled_within", True)]
+    if not short:
+        return None
+    return ("no sample of /metrics within " + ", ".join(" ".join(s.split()) for s in short)
+            + " (shorter than the sampling interval): their running, waiting and KV-cache figures are the "
+            "samples just before and after them, not the level's own")
 
 
 def has_figures(summary: dict[str, Any] | None) -> bool:
