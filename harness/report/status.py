@@ -14,7 +14,7 @@ from harness.journal import read_journal
 from harness.lock import describe, holder
 from harness.report.live import how_long
 from harness.report.plain import PlainTable, printable
-from harness.results import SweepLayout, find_sweeps, read_sweep
+from harness.results import SweepLayout, SweepRecord, find_sweeps, read_model, read_sweep
 
 STYLE = {"ok": "green", "failed": "red", "running": "yellow", "retry": "yellow", "interrupted": "magenta",
          "skipped": "dim", "pending": "dim", "lost": "red"}
@@ -27,6 +27,8 @@ def sweep_status(path: Path) -> dict:
     layouts = [SweepLayout(d) for d in sweeps]
     sweep = max(layouts, key=lambda s: s.record.stat().st_mtime if s.record.exists() else 0)
     info = read_sweep(sweep)
+    if info is None and sweep.record.exists():   # damaged, not missing: saying "stopped early" would mislead
+        read_model(sweep.record, SweepRecord)    # raises, naming the file and what is wrong in it
     finished = info.finished if info else None
     runs: dict[str, dict] = {r.run_id: {"run_id": r.run_id, "state": "pending", "config": r.config}
                              for r in (info.runs if info else [])}

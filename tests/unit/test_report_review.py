@@ -114,6 +114,14 @@ def test_a_journal_that_is_not_text_is_an_error_naming_it(tmp_path):
     assert f"{sweep / 'journal.jsonl'}: not UTF-8 text" in " ".join(shown.stderr.split())
 
 
+def test_a_damaged_sweep_record_is_named_not_taken_for_a_sweep_that_stopped_early(tmp_path):
+    sweep = write_sweep(tmp_path)
+    (sweep / "sweep.json").write_text("garbage")
+    shown = harness("status", sweep)
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
+    assert str(sweep / "sweep.json") in " ".join(shown.stderr.split()) and "--resume" not in shown.stdout
+
+
 def test_analyze_refuses_a_top_that_shows_no_kernel(tmp_path):
     trace = tmp_path / "x.trace.json"
     trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10,
