@@ -365,15 +365,31 @@ def bench(url: Annotated[str, typer.Option(help="server base URL, e.g. http://12
         raise typer.Exit(1)
 
 
+def _saved_analysis(path: Path) -> Path | None:
+    """An analysis.json to show instead of traces: the one named, or a run folder's without a trace."""
+    if path.name == "analysis.json" and path.is_file():
+        return path
+    profile = path / "profile"
+    if (path / "analysis.json").is_file() and not (profile.is_dir() and any(profile.rglob("*.json*"))):
+        return path / "analysis.json"
+    return None
+
+
 @app.command()
 @exits
 def analyze(path: Path, top: Annotated[int, typer.Option(min=1, help="kernels to show")] = 15,
             format: Format = TableOrJson.table):
-    """Where the GPU time goes: a trace file, a profile directory or a run directory."""
+    """Where the GPU time goes: a trace file, a profile directory or a run directory (whose
+    analysis.json is shown when its traces are not there: a run whose profile/ was removed)."""
     from harness.analysis import analyze_path
     from harness.report.analysis_view import render_analysis
 
-    result = analyze_path(path, top=top)
+    if (saved := _saved_analysis(path)) is not None:
+        from harness.results import AnalysisFile, read_model
+        _show(err, f"the traces are not here: the analysis saved with the run, {saved}")
+        result = read_model(saved, AnalysisFile).dump()
+    else:
+        result = analyze_path(path, top=top)
     if format == "json":
         print(json.dumps(result, indent=2))
     else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from harness.errors import Kind
 
@@ -388,6 +388,13 @@ class Scope(Record):
     categories: dict[str, float] = Field(default_factory=dict)   # shares of the kernel time
     category_ms: dict[str, float] = Field(default_factory=dict)  # kernel ms a step
 
+    @field_validator("top", "categories", "category_ms", mode="before")
+    @classmethod
+    def _null_is_none(cls, value: Any, info: ValidationInfo) -> Any:
+        """The analyzer writes null where there is nothing to list (a trace that marks no steps has no
+        ms a step): an empty list or mapping, not a file that cannot be read."""
+        return ([] if info.field_name == "top" else {}) if value is None else value
+
 
 class AnalysisFile(Versioned, Scope):
     schema_: str = Field("harness.analysis/1", alias="schema")
@@ -397,6 +404,11 @@ class AnalysisFile(Versioned, Scope):
     gpu_idle_share: float | None = None
     stages: dict[str, Scope] = Field(default_factory=dict)
     ranks: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("stages", "files", "ranks", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any, info: ValidationInfo) -> Any:
+        return ({} if info.field_name == "stages" else []) if value is None else value
     rank_spread: dict[str, Any] | None = None
 
     def idle_ms_per_step(self, scope: Scope) -> float | None:

@@ -122,6 +122,26 @@ def test_a_damaged_sweep_record_is_named_not_taken_for_a_sweep_that_stopped_earl
     assert str(sweep / "sweep.json") in " ".join(shown.stderr.split()) and "--resume" not in shown.stdout
 
 
+def test_a_run_whose_traces_are_gone_shows_the_analysis_saved_with_it(tmp_path):
+    """A run folder whose profile/ was removed (the traces take gigabytes), or its analysis.json named
+    directly: the saved analysis is shown, saying so. Before, both were errors."""
+    trace = tmp_path / "x.trace.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm_kernel", "ts": 0,
+                                                  "dur": 10, "pid": 0, "tid": 1}]}))
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = harness("analyze", trace, "--format", "json")
+    assert saved.returncode == 0, saved.stderr
+    (run / "analysis.json").write_text(saved.stdout)
+    for path in (run, run / "analysis.json"):
+        shown = harness("analyze", path)
+        assert shown.returncode == 0, shown.stderr
+        assert "gemm_kernel" in shown.stdout and "analysis saved with the run" in shown.stderr
+    (run / "profile").mkdir()
+    (run / "profile" / "broken.trace.json").write_text("{")
+    assert harness("analyze", run).returncode == 2   # traces that are there are read, never passed over
+
+
 def test_analyze_refuses_a_top_that_shows_no_kernel(tmp_path):
     trace = tmp_path / "x.trace.json"
     trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10,

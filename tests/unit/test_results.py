@@ -175,3 +175,20 @@ def test_a_write_the_disk_has_no_room_for_names_its_file_and_leaves_nothing(tmp_
         assert [p.name for p in small.rglob("*") if p.is_file()] == ["fill"]
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+@pytest.mark.parametrize("fixture", ["real_trace", "transformers_trace", "vllm_h200/graphs", "vllm_cpu"])
+def test_the_analysis_of_every_real_trace_reads_back_as_written(tmp_path, fixture):
+    """A trace that marks no engine steps (torch.profiler's own, transformers, vLLM's CPU build) is
+    analysed with null step figures; its analysis.json, written as a run writes it, read as a file that
+    could not be read, and compare and the report showed no kernels for that run."""
+    from pathlib import Path
+
+    from harness.analysis import analyze_path
+    from harness.results import AnalysisFile, read_model
+    from harness.results.store import write_json
+    analysis = analyze_path(Path(__file__).parents[1] / "fixtures" / fixture)
+    write_json(tmp_path / "analysis.json", analysis)
+    read = read_model(tmp_path / "analysis.json", AnalysisFile)
+    assert [k.name for k in read.top] == [k["name"] for k in analysis["top"]]
+    assert read.categories == (analysis["categories"] or {})
