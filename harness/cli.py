@@ -103,6 +103,9 @@ def exits(fn):
         except HarnessError as e:  # a message may hold `[host]` or `[/]`: text, never markup
             err.print(Text.assemble(("error: ", "red"), printable(str(e))), highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
+        except BrokenPipeError:   # `harness analyze --format json | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing left to flush at exit
+            raise typer.Exit(1) from None   # quietly, as rich's own output does
         except OSError as e:  # a path the system refused (a directory where a file goes, no space left)
             err.print(Text.assemble(("error: ", "red"), printable(_os_error(e))), highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None

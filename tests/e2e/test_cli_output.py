@@ -190,3 +190,21 @@ def test_the_winner_is_chosen_within_one_workload_and_says_which(tmp_path):
     out = " ".join(run.stdout.split())
     assert "winner in scenario short (the first of 2 workloads) at concurrency 8: seqs-8, 503 tok/s; " \
            "seqs-4 next (300 tok/s)" in out
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_error_line(tmp_path):
+    """`harness analyze --format json | head`: the output outgrows the pipe (300 kB against 64 kB),
+    the reader is gone. Before, `error: [Errno 32] Broken pipe` and exit 2, as for a disk refusing."""
+    import subprocess
+    import sys
+    trace = tmp_path / "big.trace.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": f"kernel_{i}_" + "x" * 100, "ts": i * 10, "dur": 5, "pid": 0, "tid": 1}
+        for i in range(3000)]}))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "analyze", str(trace), "--format", "json",
+                             "--top", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and stderr == ""
