@@ -18,6 +18,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from harness.errors import InputError
 from harness.results.models import JournalEvent, RunState
 
 STATES: tuple[str, ...] = get_args(RunState)
@@ -70,16 +71,31 @@ def _cut_torn_tail(path: Path) -> None:
 
 
 def read_journal(path: Path) -> list[JournalEvent]:
+    """The journal's events, in order; a line that is no event (a torn write from a kill: the run it
+    describes was in flight; or JSON not ours) is skipped. A whole line that is not UTF-8 is damage,
+    not a kill's (a torn last line may end inside a character of a host's or a reason's UTF-8): an
+    error naming the file and where, rather than a traceback of `--resume` or `status`."""
     events: list[JournalEvent] = []
     try:
-        lines = Path(path).read_text().splitlines()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         return events
-    for line in lines:
+    lines = data.split(b"\n")
+    offset = 0
+    for number, line in enumerate(lines, 1):
         try:
-            events.append(JournalEvent.model_validate_json(line))
+            text = line.decode()
+        except UnicodeDecodeError as e:
+            if number < len(lines):   # a whole line (the last piece, with no newline, is a torn write)
+                raise InputError(f"not UTF-8 text at byte {offset + e.start} (line {number}): damaged, or not "
+                                 "a journal; remove that line to go on", file=str(path)) from None
+            continue
+        finally:
+            offset += len(line) + 1
+        try:
+            events.append(JournalEvent.model_validate_json(text))
         except ValidationError:
-            continue  # a torn write from a kill (the run it describes was in flight), or not ours
+            continue
     return events
 
 

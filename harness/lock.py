@@ -30,14 +30,18 @@ class SweepLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read(fd)
-            os.close(fd)
-            raise SweepLocked(f"{self.path.parent} is being run by {describe(holder)}: wait for it, or stop it "
-                              "first (Ctrl-C there, or kill that pid)") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read(fd)
+                os.close(fd)
+                raise SweepLocked(f"{self.path.parent} is being run by {describe(holder)}: wait for it, or stop "
+                                  "it first (Ctrl-C there, or kill that pid)") from None
+            if _is_at(fd, self.path):
+                break
+            os.close(fd)   # a holder that released removed the file we locked: lock the one there now
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode())
         os.fsync(fd)
@@ -78,6 +82,18 @@ def describe(who: dict | None) -> str:
         return "another orchestrator"
     since = time.strftime("%Y-%m-%d %H:%M", time.localtime(who.get("since", 0)))
     return f"pid {who.get('pid')} on {who.get('host')} since {since}"
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the file `fd` holds is the one at `path` still. A holder removes the file as it releases:
+    a lock taken on the file it removed, opened just before, would hold nothing, and the next
+    orchestrator would make a new file and lock that one too."""
+    try:
+        there = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _read(fd: int) -> dict | None:

@@ -12,11 +12,16 @@ may share one.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import datetime as dt
+import difflib
 import os
 import re
 import statistics
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,33 +70,43 @@ TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.j2$")
 
 
 def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) -> Sweep:
-    """Write the recorded playbook and templates beside the results and load them as a new sweep."""
+    """Write the recorded playbook and templates beside the results and load them as a new sweep.
+
+    The playbook written is the record as it is, secrets masked: the secrets taken from the environment
+    reach the loaded sweep from memory only (`_load_filled`), never a file of the results."""
     manifest = load_run(run_dir)
-    playbook = manifest.playbook or {}
-    if isinstance(playbook.get("search"), dict) and playbook["search"].get("optuna") is not None:
-        playbook = playbook | {"search": None}   # an older record of a trial: the trial's own config is its run
+    record = str(RunLayout(Path(run_dir)).manifest)
+    recorded = copy.deepcopy(manifest.playbook or {})
+    if isinstance(recorded.get("search"), dict) and recorded["search"].get("optuna") is not None:
+        recorded = recorded | {"search": None}   # an older record of a trial: the trial's own config is its run
     try:
-        target = host or playbook["hosts"]
-        for section in (playbook["server"], *playbook["configs"]):
-            section["env"] = {k: _secret(k, v, run_dir) for k, v in (section.get("env") or {}).items()}
-            section["args"] = {k: _secret_flag(k, v, run_dir) for k, v in (section.get("args") or {}).items()}
+        target = host or recorded["hosts"]
+        playbook, filled = fill_secrets(recorded, record)
     except (KeyError, TypeError, AttributeError) as e:
         raise InputError(f"the recorded playbook is not one a harness wrote ({type(e).__name__}: {e})",
-                         file=str(RunLayout(Path(run_dir)).manifest), key="playbook") from None
+                         file=record, key="playbook") from None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     where = Path(results) / ".reproduce" / f"{manifest.run_id}-{stamp}"
     where.mkdir(parents=True, exist_ok=True)
     template = manifest.template or {}
     for name, text in template["files"].items():
         (where / name).write_text(text)
-    playbook = playbook | {"hosts": target, "template": str(where / template["name"])}
-    (where / "playbook.yaml").write_text(yaml.safe_dump(playbook, sort_keys=False))
-    if (where / "playbook.yaml").stat().st_mode & 0o077:
-        os.chmod(where / "playbook.yaml", 0o600)  # it may hold secrets taken from the environment
-    sweep = load_sweep(where / "playbook.yaml", inventory, sweep_id=f"{playbook.get('name')}-reproduce-{stamp}")
+    sweep_id = f"{recorded.get('name')}-reproduce-{stamp}"
+    placed = {"hosts": target, "template": str(where / template["name"]), "name": reproduce_name(recorded)}
+    path = where / "playbook.yaml"
+    path.write_text(yaml.safe_dump(recorded | placed, sort_keys=False))
+    try:
+        if filled:
+            sweep = _load_filled(yaml.safe_dump(playbook | placed, sort_keys=False), path, inventory, sweep_id)
+        else:
+            sweep = load_sweep(path, inventory, sweep_id=sweep_id)
+    except InputError as e:
+        if host is None and e.key == "hosts":   # the original's hosts, named in a colleague's inventory or not
+            raise InputError(f"{e.message}; choose a host of this inventory with --host NAME") from None
+        raise
     if len(sweep.runs) != 1:
         raise InputError(f"the recorded playbook makes {len(sweep.runs)} runs, not the one a harness records",
-                         file=str(RunLayout(Path(run_dir)).manifest), key="playbook")
+                         file=record, key="playbook")
     return fewest_slots(sweep)
 
 
@@ -111,16 +126,87 @@ def fewest_slots(sweep: Sweep) -> Sweep:
                                runs=[dataclasses.replace(run, hosts=tuple(h for h in run.hosts if h.name in names))])
 
 
-def _secret(name: str, value: str, run_dir: Path) -> str:
+def reproduce_name(playbook: dict) -> str:
+    """The reproduction's own playbook name: a sweep of the original's name would be what
+    `harness sweep ORIGINAL --resume` continues, were it the latest in the results folder."""
+    name = str(playbook.get("name"))
+    return name if name.endswith("-reproduce") else f"{name}-reproduce"
+
+
+def _load_filled(text: str, record: Path, inventory: Path, sweep_id: str) -> Sweep:
+    """The sweep of a playbook holding secrets, read from a file in memory (an anonymous one where
+    the system has them, else a private file removed at once), its errors naming `record`, the same
+    playbook with the secrets masked."""
+    memfd = getattr(os, "memfd_create", None)
+    with contextlib.ExitStack() as stack:
+        if memfd is not None:
+            fd = memfd("playbook.yaml", os.MFD_CLOEXEC)
+            stack.callback(os.close, fd)
+            source = f"/proc/self/fd/{fd}"
+        else:
+            handle = stack.enter_context(tempfile.NamedTemporaryFile("w", dir=record.parent, suffix=".yaml"))
+            fd, source = handle.fileno(), handle.name
+        os.write(fd, text.encode())   # one write: a regular file or a memfd takes it whole
+        try:
+            sweep = load_sweep(source, inventory, sweep_id=sweep_id)
+        except InputError as e:
+            named = InputError(str(e).replace(source, str(record)))
+            named.file, named.key, named.line = str(record), e.key, e.line
+            raise named from None
+    sweep.doc.path = record
+    return sweep
+
+
+def fill_secrets(playbook: dict, record: str) -> tuple[dict, bool]:
+    """The recorded playbook with each masked secret taken from the environment (env values by their
+    name, a secret flag's by the variables the launch script read it from), and whether any was; every
+    one missing is named in one error, so that a colleague sets them all at once."""
+    if inside := list(_masked_inside(playbook)):
+        raise InputError(f"{', '.join(inside)} held a secret's value inside a longer one, which the record masks "
+                         "(***): the value the run had is not in its folder, and a reproduction would launch "
+                         "another server", file=record, key=inside[0])
+    filled = copy.deepcopy(playbook)
+    missing: dict[str, str] = {}   # environment variable -> the key of the record it fills
+    for section in (filled["server"], *filled["configs"]):
+        section["env"] = {k: _secret(k, v, missing) for k, v in (section.get("env") or {}).items()}
+        section["args"] = {k: _secret_flag(k, v, missing) for k, v in (section.get("args") or {}).items()}
+    if missing:
+        names = list(missing)
+        raise InputError(f"the recorded run used secrets that its record masks; set {' and '.join(names)} in "
+                         "the environment to reproduce (" + "; ".join(f"{n} for {k}" for n, k in missing.items())
+                         + ")", file=record, key=", ".join(dict.fromkeys(missing.values())))
+    return filled, filled != playbook
+
+
+def _masked_inside(playbook: dict) -> Iterator[str]:
+    """The keys of what launches the server (model, server, configs) whose recorded text had a secret's
+    value masked inside it (`https://***@hub`), or masked whole where no secret is asked for: what
+    `fill_secrets` cannot fill from the environment. The benchmark is left out: a prompt may say ***."""
+    def walk(value: Any, where: tuple) -> Iterator[str]:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from walk(v, (*where, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from walk(v, (*where, i))
+        elif isinstance(value, str) and MASK in value:
+            secret_slot = value == MASK and any(w in ("env", "args") for w in where[1:3])
+            if not secret_slot:
+                yield ".".join(map(str, where))
+    for section in ("model", "server", "configs"):
+        yield from walk(playbook.get(section), (section,))
+
+
+def _secret(name: str, value: str, missing: dict[str, str]) -> str:
     if value != MASK:
         return value
     if name not in os.environ:
-        raise InputError(f"the recorded run used the secret {name}; set it in the environment to reproduce",
-                         file=str(RunLayout(Path(run_dir)).manifest), key=f"env.{name}")
+        missing.setdefault(name, f"env.{name}")
+        return value
     return os.environ[name]
 
 
-def _secret_flag(flag: str, value: Any, run_dir: Path) -> Any:
+def _secret_flag(flag: str, value: Any, missing: dict[str, str]) -> Any:
     """A secret flag's recorded value (each word ***) taken from the environment variables the launch
     script read it from: HARNESS_ARG_API_KEY, then HARNESS_ARG_API_KEY_1... for several values."""
     names: list[str] = []
@@ -131,13 +217,11 @@ def _secret_flag(flag: str, value: Any, run_dir: Path) -> Any:
         if item != MASK:
             return item
         names.append(f"{arg_env_name(flag)}_{len(names)}" if names else arg_env_name(flag))
-        return os.environ.get(names[-1])
-    filled = fill(value)
-    if missing := [n for n in names if n not in os.environ]:
-        raise InputError(f"the recorded run gave the secret flag --{flag.lstrip('-')} a value; set "
-                         f"{' and '.join(missing)} in the environment to reproduce",
-                         file=str(RunLayout(Path(run_dir)).manifest), key=f"args.{flag}")
-    return filled
+        if names[-1] not in os.environ:
+            missing.setdefault(names[-1], f"args.{flag}")
+            return item
+        return os.environ[names[-1]]
+    return fill(value)
 
 
 LevelKey = tuple[str | None, str, float | None, bool]
@@ -195,6 +279,9 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
         a, b = getattr(before.host, key, None), getattr(after.host, key, None)
         if a != b:
             facts.append({"fact": f"host.{key}", "before": a, "after": b})
+    if before.harness_version != after.harness_version:
+        facts.append({"fact": "harness", "before": before.harness_version, "after": after.harness_version})
+    facts += launch_differences(original, new)
     rows = []
     new_levels = {level_key(lv): lv for lv in new.levels}
     repeats = _repeat_levels(original)
@@ -214,6 +301,39 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
                             max(noise, MIN_NOISE), source))
     kernels = {"before": _top(original), "after": _top(new)}
     return {"facts": facts, "rows": rows, "kernels": kernels, "status": (before.status, after.status)}
+
+
+def launch_differences(original: RunResult, new: RunResult) -> list[dict]:
+    """Each line of launch.sh that differs, as a fact (`launch.sh`, the line before, the line after):
+    the recorded playbook rendered for another host can still launch another server (that host's env
+    from the inventory, its venv, a harness that renders otherwise), which must not pass unseen. Each
+    run's folder on its host is written RUN_DIR, and comments are left out: they differ by nature."""
+    before, after = _launch_lines(original), _launch_lines(new)
+    if not before or not after:
+        return []   # a run that never launched (skipped, or failed before) has nothing to set beside
+    rows = []
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        old, now = before[i1:i2], after[j1:j2]
+        for k in range(max(len(old), len(now))):
+            rows.append({"fact": "launch.sh", "before": old[k] if k < len(old) else None,
+                         "after": now[k] if k < len(now) else None})
+    return rows
+
+
+def _launch_lines(run: RunResult) -> list[str]:
+    """launch.sh's lines that launch something, its run folder on the host as RUN_DIR; none when the
+    run has no launch script (it never started)."""
+    try:
+        text = run.layout.launch.read_text(errors="replace")
+    except OSError:
+        return []
+    m, workdir = run.manifest, getattr(run.manifest.host, "workdir", None)
+    if isinstance(workdir, str) and workdir and m.sweep_id:
+        text = text.replace(f"{workdir.rstrip('/')}/{m.sweep_id}/{m.run_id}", "RUN_DIR")
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _requests(layout: RunLayout) -> dict[LevelKey, list[dict]]:
@@ -245,14 +365,17 @@ def _split_half(requests: list[dict], metric: str, q: str | None) -> float | Non
 
 
 def _repeat_levels(run: RunResult) -> dict[LevelKey, list[BenchLevel]]:
-    """The same configuration's repeats in the original sweep (this run included), by level key."""
+    """The same configuration's repeats in the original sweep (this run included), by level key. Only
+    its sweep's: a folder a colleague gathered runs in may hold another sweep's run of that name, whose
+    spread says nothing of this run's noise."""
     out: dict[LevelKey, list[BenchLevel]] = {}
     for layout in (RunLayout(p.parent) for p in run.layout.dir.parent.glob(f"*/{run.layout.manifest.name}")):
         try:
             other = load_run_result(layout)
         except Unreadable:
             continue
-        if other.manifest.config.name == run.manifest.config.name and other.manifest.ok:
+        theirs, mine = other.manifest, run.manifest
+        if (theirs.config.name, theirs.sweep_id) == (mine.config.name, mine.sweep_id) and theirs.ok:
             for lv in other.levels:
                 out.setdefault(level_key(lv), []).append(lv)
     return out

@@ -22,6 +22,7 @@ import harness
 from harness.errors import InputError
 from harness.journal import latest_states
 from harness.plan import RunSpec, Sweep
+from harness.render import BUILTIN_TEMPLATES
 from harness.results import SweepLayout, SweepRecord, read_sweep
 
 NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references", "name")
@@ -38,8 +39,25 @@ def run_inputs(sweep: Sweep, spec: RunSpec) -> dict[str, Any]:
     if not config.get("benchmark"):
         config.pop("benchmark", None)   # as sweeps before per-configuration benchmarks recorded it
     data = {"playbook": pb, "config": config, "repeat": spec.repeat,
-            "template": hashlib.sha256(sweep.template.read_bytes()).hexdigest()}
+            "template": hashlib.sha256(sweep.template.read_bytes()).hexdigest(),
+            "includes": template_includes(sweep.template)}
     return sweep.redactor.data(data)
+
+
+def template_includes(template: Path) -> dict[str, str]:
+    """name -> sha256 of every other template the launch template could include (those beside it, over
+    the built-in ones: what its loader finds, and what a run's manifest records): `_common.sh.j2`
+    edited between a stop and the resume changes every launch script as much as the template would."""
+    files = {p.name: p for p in sorted(BUILTIN_TEMPLATES.glob("*.j2"))}
+    files |= {p.name: p for p in sorted(template.parent.glob("*.j2"))}
+    files.pop(template.name, None)
+    return {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in files.items()}
+
+
+def comparable(recorded: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs as a sweep recorded before `includes` would have them: without that key when its
+    record has none, so that an older sweep resumes as it would have."""
+    return inputs if "includes" in recorded else {k: v for k, v in inputs.items() if k != "includes"}
 
 
 def sweep_record(sweep: Sweep, *, started: float, finished: float | None, argv: list[str],
@@ -82,7 +100,7 @@ def plan_resume(sweep: Sweep, sweep_dir: Path, *, retry_failed: bool = False,
     for spec in sweep.runs:
         inputs = run_inputs(sweep, spec)
         old = before.get(spec.run_id)
-        if old and old.inputs is not None and fingerprint(inputs) != old.fingerprint:
+        if old and old.inputs is not None and fingerprint(inputs := comparable(old.inputs, inputs)) != old.fingerprint:
             plan.changed[spec.run_id] = differences(old.inputs, inputs)
         finished = spec.run_id in states and states[spec.run_id].state in final
         if finished and (spec.run_id not in plan.changed or accept_changes):
@@ -99,7 +117,9 @@ def plan_resume(sweep: Sweep, sweep_dir: Path, *, retry_failed: bool = False,
 
 
 def differences(old: Any, new: Any, where: str = "") -> list[str]:
-    """`key: old -> new` for every leaf that differs."""
+    """`key: old -> new` for every leaf that differs, as JSON tells them apart: `8` and `8.0`, `1` and
+    `true` are equal in Python but launch different flags and fingerprint differently, and a refusal
+    must name what changed."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in sorted(set(old) | set(new)):
@@ -111,4 +131,5 @@ def differences(old: Any, new: Any, where: str = "") -> list[str]:
             else:
                 out += differences(old[key], new[key], path)
         return out
-    return [] if old == new else [f"{where}: {json.dumps(old)} -> {json.dumps(new)}"]
+    same = json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+    return [] if same else [f"{where}: {json.dumps(old)} -> {json.dumps(new)}"]

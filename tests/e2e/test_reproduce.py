@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
+
+import yaml
 
 from tests.conftest import harness
 from tests.e2e.test_sweep import manifests, playbook, sweep_dir
@@ -63,3 +66,107 @@ def test_a_run_whose_server_took_several_keys_reproduces_with_each_from_the_envi
     assert again.returncode == 0, again.stdout + again.stderr
     (m,) = manifests(tmp_path / "r2").values()
     assert m["status"] == "ok" and m["playbook"]["configs"][0]["args"]["api-key"] == [["***", "***"]]
+
+
+def _local_inventory(tmp_path, remote_venv, **other_vars) -> Path:
+    """Two hosts on this machine: `localhost`, and `other` with the variables given (its own env)."""
+    local = {"transport": "local", "venv": str(remote_venv)}
+    inv = {"all": {"vars": {"workdir": str(tmp_path / "remote-work")},
+                   "hosts": {"localhost": local, "other": {**local, **other_vars}}}}
+    path = tmp_path / "inventory-local.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def _secret_run(tmp_path, remote_venv) -> tuple[Path, Path, str, str]:
+    """A finished run whose server took a secret env value and a secret flag: its inventory, folder, both."""
+    inv = _local_inventory(tmp_path, remote_venv)
+    token, key = "hf_" + "t0k3n" * 5, "sk-" + "k3y" * 8
+    pb = playbook(tmp_path, engine="vllm", profile="none", hosts="localhost",
+                  configs=[{"name": "k", "args": {"api-key": key}, "env": {"HF_TOKEN": token}}])
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    return inv, sweep_dir(tmp_path / "r") / "runs" / "k-1", token, key
+
+
+def test_reproduce_writes_no_secret_it_is_given(tmp_path, remote_venv):
+    """The secrets taken from the environment reach the reproduced server, and no file of the results
+    (the recorded playbook beside them included) holds them."""
+    inv, run_dir, token, key = _secret_run(tmp_path, remote_venv)
+    again = harness("reproduce", run_dir, "-i", inv, "-o", tmp_path / "r2",
+                    env={"HF_TOKEN": token, "HARNESS_ARG_API_KEY": key})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert token not in again.stdout + again.stderr and key not in again.stdout + again.stderr
+    (m,) = manifests(tmp_path / "r2").values()
+    assert m["status"] == "ok"   # the server asked for the key, and the benchmark sent it
+    written = [p for p in (tmp_path / "r2").rglob("*") if p.is_file()]
+    assert any(p.name == "playbook.yaml" for p in written)
+    for path in written:
+        text = path.read_text(errors="replace")
+        assert token not in text and key not in text, path
+
+
+def test_reproduce_names_every_missing_secret_at_once(tmp_path, remote_venv):
+    inv, run_dir, token, _ = _secret_run(tmp_path, remote_venv)
+    for env in ({}, {"HF_TOKEN": token}):
+        refused = harness("reproduce", run_dir, "-i", inv, "-o", tmp_path / "r2", env=env)
+        said = " ".join(refused.stderr.split())
+        assert refused.returncode == 2 and "HARNESS_ARG_API_KEY" in said and "args.api-key" in said, said
+        assert ("HF_TOKEN" in said) == (not env), said
+    assert not (tmp_path / "r2").exists() or not list((tmp_path / "r2").rglob("*.yaml"))
+
+
+def test_reproduce_shows_each_line_of_the_launch_that_differs(tmp_path, remote_venv):
+    """The same recorded run on a host whose inventory adds env: the launch differs, and says so."""
+    inv = _local_inventory(tmp_path, remote_venv, env={"NCCL_DEBUG": "INFO"})
+    pb = playbook(tmp_path, profile="none", hosts="localhost", configs=[{"name": "tp2", "args": {"tp-size": 2}}])
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    run_dir = sweep_dir(tmp_path / "r") / "runs" / "tp2-1"
+
+    same = harness("reproduce", run_dir, "-i", inv, "-o", tmp_path / "same")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "launch.sh" not in same.stdout   # the run folder on the host differs by nature, nothing else
+
+    moved = harness("reproduce", run_dir, "-i", inv, "--host", "other", "-o", tmp_path / "moved")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    shown = [line for line in moved.stdout.splitlines() if "launch.sh" in line]
+    assert any("export NCCL_DEBUG=INFO" in line for line in shown), moved.stdout
+
+
+def test_a_recorded_host_this_inventory_lacks_is_refused_with_the_way_to_choose_one(tmp_path, remote_venv):
+    inv = _local_inventory(tmp_path, remote_venv)
+    pb = playbook(tmp_path, profile="none", hosts="localhost", configs=[{"name": "tp2", "args": {"tp-size": 2}}])
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_text(yaml.safe_dump({"all": {"hosts": {"gpu-02": {"transport": "local", "venv": str(remote_venv)}}}}))
+    refused = harness("reproduce", sweep_dir(tmp_path / "r") / "runs" / "tp2-1", "-i", theirs, "-o", tmp_path / "r2")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "'localhost' matches no host" in said and "--host NAME" in said, said
+
+
+def test_a_value_that_held_a_secret_inside_it_is_refused_never_launched_masked(tmp_path, remote_venv):
+    """A secret's value inside another value is masked there too (`https://***@hub.local`): the record
+    cannot say what the run had, so reproducing refuses, naming the key, rather than launch with ***."""
+    inv = _local_inventory(tmp_path, remote_venv)
+    token = "hf_" + "in51de" * 4
+    pb = playbook(tmp_path, profile="none", hosts="localhost", configs=[
+        {"name": "t", "env": {"HF_TOKEN": token, "HF_ENDPOINT": f"https://{token}@hub.local"}}])
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    run_dir = sweep_dir(tmp_path / "r") / "runs" / "t-1"
+    refused = harness("reproduce", run_dir, "-i", inv, "-o", tmp_path / "r2", env={"HF_TOKEN": token})
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "configs.0.env.HF_ENDPOINT" in said, refused.stdout + said
+    assert not (tmp_path / "r2").exists() or not any((tmp_path / "r2").glob("*/runs"))
+
+
+def test_a_resume_after_a_reproduction_in_the_same_results_continues_the_sweep(tmp_path, remote_venv):
+    """A run reproduced into the results folder of its sweep is a sweep of its own, never the one that
+    `harness sweep PLAYBOOK --resume` continues."""
+    inv = _local_inventory(tmp_path, remote_venv)
+    pb = playbook(tmp_path, profile="none", hosts="localhost")
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    (original,) = [p for p in (tmp_path / "r").iterdir() if not p.name.startswith(".")]
+    assert harness("reproduce", original / "runs" / "tp1-1", "-i", inv, "-o", tmp_path / "r").returncode == 0
+    resumed = harness("sweep", pb, "-i", inv, "-o", tmp_path / "r", "--resume", "--dry-run")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    said = " ".join(resumed.stdout.split())
+    assert f"--resume of {original.name} would run 0 of 2 runs" in said, said

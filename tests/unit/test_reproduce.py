@@ -104,3 +104,19 @@ def test_without_repeats_the_noise_is_the_half_split_of_the_levels_own_requests(
     assert calm.noise_source == wild.noise_source == "half-split of the original's requests"
     assert calm.noise == 0.02 and wild.noise > 0.1
     assert ttft[("chat", "concurrency", 8, False)].noise_source == "assumed"   # no requests of its own
+
+
+def test_the_noise_comes_from_the_repeats_of_the_runs_own_sweep_only(tmp_path):
+    """A colleague's folder of runs gathered from several sweeps: a run of the same configuration name
+    from another sweep is no repeat of this one, and its spread is not this run's noise."""
+    runs = tmp_path / "gathered"
+    original = write_run(runs, "a-1", ORIGINAL)
+    elsewhere = write_run(runs, "a-1-other-sweep", [dict(lv, ttft_ms={"p50": 2 * lv["ttft_ms"]["p50"]})
+                                                    for lv in ORIGINAL])
+    for run, sweep in ((original, "s-20260101-000000"), (elsewhere, "s-20260202-000000")):
+        manifest = json.loads((run / "manifest.json").read_text())
+        (run / "manifest.json").write_text(json.dumps(manifest | {"sweep_id": sweep}))
+    again = write_run(tmp_path / "new" / "runs", "a-1", reproduction())
+    ttft = [r for r in compare_runs(original, again)["rows"] if r.label == "TTFT p50 ms"]
+    assert ttft and all(r.noise_source != "spread of 2 repeats" for r in ttft)
+    assert all(r.noise < 0.5 for r in ttft)
