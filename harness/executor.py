@@ -49,6 +49,7 @@ from harness.remote import private_workdir, remote_dir, tool_command
 from harness.results import (
     ErrorRecord,
     HostRunLayout,
+    JournalEvent,
     RunLayout,
     RunManifest,
     SweepLayout,
@@ -511,14 +512,15 @@ class Executor:
                 self.journal.append(spec.run_id, finished.status, host=last.host, attempts=finished.attempts)
                 self.outcome.manifests.append(finished)
                 continue
-            where = last.host if last is not None and last.state in ("running", "interrupted") else None
-            for name in (last.nodes or [where]) if last is not None and where is not None else []:
-                if name in self.pool:   # every node of a run on several hosts
-                    self._reconcile(spec, self.pool[name].host)
+            self._stop_in_flight(spec.run_id, last)
             shutil.rmtree(layout.dir, ignore_errors=True)
             todo.append(spec)
         for run_id in plan.removed:
-            self.events.log(f"{run_id}: no longer in the playbook; its results are kept")
+            if self._stop_in_flight(run_id, states.get(run_id)):   # its server would hold the port
+                self.journal.append(run_id, "interrupted", host=states[run_id].host)
+                self.events.log(f"{run_id}: no longer in the playbook; it was in flight: its server stopped")
+            else:
+                self.events.log(f"{run_id}: no longer in the playbook; its results are kept")
         for run_id, diff in plan.changed.items():
             self.events.log(f"{run_id}: the playbook changed ({'; '.join(diff)}); accepted")
         self.kept_runs = plan.removed
@@ -538,14 +540,23 @@ class Executor:
         self.events.log(f"{spec.run_id}: had finished ok before the stop; kept, its traces analysed now")
         return self._analyzed(spec, manifest)
 
-    def _reconcile(self, spec: RunSpec, host: Host) -> None:
+    def _stop_in_flight(self, run_id: str, last: JournalEvent | None) -> bool:
+        """Reconcile a run the journal last saw in flight, on every node of it; whether it was."""
+        if last is None or last.state not in ("running", "interrupted") or last.host is None:
+            return False
+        for name in last.nodes or [last.host]:
+            if name in self.pool:   # every node of a run on several hosts
+                self._reconcile(run_id, self.pool[name].host)
+        return True
+
+    def _reconcile(self, run_id: str, host: Host) -> None:
         """A run that was in flight when the orchestrator stopped: stop its server, drop its files."""
         try:
             link = self.pool.connect(host.spec())
             try:
                 workdir = private_workdir(link, host.workdir, host=host.name)
                 assert host.venv is not None  # the sweep refuses a host without one
-                paths = HostRunLayout.of(workdir, self.sweep.sweep_id, spec.run_id)
+                paths = HostRunLayout.of(workdir, self.sweep.sweep_id, run_id)
                 stop = tool_command(host.venv + "/bin/python", remote_dir(workdir), "agent", "stop",
                                     "--pid-file", paths.pid_file, "--port", 1, "--timeout", 20)
                 command = f"if [ -f {shlex.quote(paths.pid_file)} ]; then {stop}; fi; rm -rf {shlex.quote(paths.root)}"
@@ -553,7 +564,7 @@ class Executor:
             finally:
                 link.close()
         except HarnessError as e:  # its watchdog stops it when the lease lapses
-            self.events.log(f"[{host.name}] could not reconcile {spec.run_id}: {e}")
+            self.events.log(f"[{host.name}] could not reconcile {run_id}: {e}")
 
     def _settle_leftovers(self) -> None:
         """Runs never started: skipped (deadline, fail-fast, interrupt) or failed (no host could take

@@ -107,6 +107,30 @@ def test_case10_a_killed_orchestrator_leaves_no_server_and_resume_reruns_only_th
     assert [e["run_id"] for e in journal(out) if e["state"] == "ok"] == ["first-1", "second-1"]
 
 
+def test_a_run_in_flight_at_the_kill_and_removed_from_the_playbook_has_its_server_stopped_at_the_resume(
+        tmp_path, ssh_inventory):
+    """Its server holds the port until its lease lapses (here far beyond the resume): the resume stops
+    it as it stops any run found in flight. Before, only runs still in the playbook were reconciled,
+    and the next run's preflight found the port taken and set the host aside."""
+    pb = playbook(tmp_path, profile="none", configs=[
+        {"name": "first"}, {"name": "second", "env": {"HARNESS_SIM_TIME_SCALE": "1"}}])
+    inv, out = ssh_inventory(), tmp_path / "r"
+    proc = start_sweep(pb, inv, out, "--lease", "600")
+    assert wait_until(lambda: (out.exists() and any(out.glob("*/runs/first-1/manifest.json"))
+                               and listening(port_of(pb))), 120), proc.communicate(timeout=5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    data = yaml.safe_load(pb.read_text())
+    data["configs"] = [{"name": "first"}, {"name": "third"}]
+    pb.write_text(yaml.safe_dump(data, sort_keys=False))
+    run = harness("sweep", pb, "-i", inv, "-o", out, "--resume")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "second-1: no longer in the playbook; it was in flight: its server stopped" in run.stderr
+    assert {k: m["status"] for k, m in manifests(out).items()} == {"first-1": "ok", "third-1": "ok"}
+    assert not listening(port_of(pb))
+    assert [e["state"] for e in journal(out) if e["run_id"] == "second-1"][-1] == "interrupted"
+
+
 def test_case33_a_second_orchestrator_is_refused_and_status_tells_running_from_stopped(tmp_path, ssh_inventory):
     """While a sweep runs, a second `--resume` would stop its servers and rerun its runs: it is refused
     with who holds the sweep, before it touches any host. `status` says who runs it; once that process
