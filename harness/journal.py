@@ -30,12 +30,16 @@ class Journal:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _cut_torn_tail(self.path)
+        self._cut = False   # the torn tail is cut by the first append: by the orchestrator holding the
+        # sweep's lock, never by one refused it while another writes
 
     def append(self, run_id: str, state: str, **fields: Any) -> None:
         event = JournalEvent.model_validate({"t": time.time(), "run_id": run_id, "state": state, **fields})
         line = (event.line() + "\n").encode()
         with self._lock:
+            if not self._cut:
+                _cut_torn_tail(self.path)
+                self._cut = True
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 size = os.fstat(fd).st_size

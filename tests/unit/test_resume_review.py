@@ -114,3 +114,15 @@ def test_a_change_python_takes_for_equal_is_named_as_it_changes_the_launch():
     assert fingerprint(old) != fingerprint(new)
     assert differences(old, new) == ["config.args.enable-metrics: true -> 1", "config.args.tp-size: 8 -> 8.0"]
     assert differences(old, old) == []
+
+
+def test_a_journal_opened_but_not_written_is_left_as_it_is(tmp_path):
+    """An orchestrator refused the sweep's lock opens the journal too: its torn tail may be the line
+    the holder is writing, so only a first append (under the lock) cuts it."""
+    path = tmp_path / "journal.jsonl"
+    Journal(path).append("a-1", "ok")
+    with open(path, "ab") as f:
+        f.write(b'{"t": 1, "run_id": "b-1", "sta')   # the holder's line, half written
+    before = path.read_bytes()
+    Journal(path)
+    assert path.read_bytes() == before
