@@ -494,15 +494,23 @@ class Executor:
 
     def _resume(self) -> list[RunSpec]:
         """The runs still to do; finished runs keep their files, runs in flight are reconciled."""
+        rebuilt = not self.journal.path.exists()   # the finished runs are known by their manifests
         plan = plan_resume(self.sweep, self.sweep_dir, retry_failed=self.retry_failed,
                            accept_changes=self.accept_changes)
+        if rebuilt and plan.done:
+            self.events.log(f"{self.journal.path.name} is missing: {len(plan.done)} finished runs found by "
+                            "their manifests are kept")
         states = latest_states(self.journal.path)
         todo = []
         for spec in self.sweep.runs:
             layout = self.layout.run(spec.run_id)
             if spec.run_id in plan.done:
                 try:
-                    self.outcome.manifests.append(load_run(layout).manifest)
+                    manifest = load_run(layout).manifest
+                    self.outcome.manifests.append(manifest)
+                    if rebuilt:   # journaled again, or a later resume would know nothing of it
+                        self.journal.append(spec.run_id, manifest.status, host=manifest.host.name,
+                                            attempts=manifest.attempts)
                     continue
                 except Unreadable:
                     pass  # journaled as finished but its manifest is gone: run it again

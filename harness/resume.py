@@ -23,7 +23,7 @@ from harness.errors import InputError
 from harness.journal import latest_states
 from harness.plan import RunSpec, Sweep
 from harness.render import BUILTIN_TEMPLATES
-from harness.results import SweepLayout, SweepRecord, read_sweep
+from harness.results import JournalEvent, SweepLayout, SweepRecord, Unreadable, load_run, read_sweep
 
 NOT_INPUTS = ("configs", "matrix", "repeat", "placement", "hosts", "references", "name")
 """Playbook keys that do not change what a run measures (where it runs is placement, not input)."""
@@ -92,7 +92,7 @@ def plan_resume(sweep: Sweep, sweep_dir: Path, *, retry_failed: bool = False,
                 accept_changes: bool = False) -> ResumePlan:
     """The runs a resume would do, from the journal and sweep.json alone (touches no host)."""
     layout = SweepLayout(Path(sweep_dir))
-    states = latest_states(layout.journal)
+    states = journaled_states(layout)
     recorded = read_sweep(layout)
     before = {r.run_id: r for r in (recorded.runs if recorded else [])}
     final = ("ok",) if retry_failed else ("ok", "failed")
@@ -114,6 +114,25 @@ def plan_resume(sweep: Sweep, sweep_dir: Path, *, retry_failed: bool = False,
                          "experiments:\n" + "\n".join(lines) + "\nresume with --accept-changes to run what is "
                          "left with the new settings, or start a new sweep", key="--resume")
     return plan
+
+
+def journaled_states(layout: SweepLayout) -> dict[str, JournalEvent]:
+    """Each run's last state: the journal's, or where it is gone (deleted by hand, a disk restored
+    without it) what the runs' manifests say, so that a resume keeps the finished runs rather than
+    empty their folders and run them all again."""
+    if layout.journal.exists():
+        return latest_states(layout.journal)
+    found = {}
+    for run in layout.run_layouts():
+        try:
+            manifest = load_run(run).manifest
+        except Unreadable:
+            continue
+        if manifest.status in ("ok", "failed"):
+            found[run.run_id] = JournalEvent.model_validate({
+                "t": manifest.finished or 0, "run_id": run.run_id, "state": manifest.status,
+                "host": manifest.host.name if manifest.host else None, "attempts": manifest.attempts})
+    return found
 
 
 def differences(old: Any, new: Any, where: str = "") -> list[str]:

@@ -145,6 +145,24 @@ def test_resume_runs_what_fail_fast_skipped_and_leaves_finished_runs_alone(tmp_p
     assert [s for r, s, _ in journal(again) if r == "first-1"] == ["running", "failed"]   # not run again
 
 
+def test_a_resume_without_its_journal_keeps_the_runs_their_manifests_say_finished(tmp_path):
+    """journal.jsonl deleted by hand (or a disk restored without it): the runs whose manifests say ok
+    or failed are kept and journaled again; before, every run's folder was emptied and run again."""
+    faults = Faults()
+    faults.on("a", "run", BENCH, error=bug)
+    sw = sweep(tmp_path, configs=("first", "second", "third"))
+    first = Executor(sw, tmp_path / "results", jobs=1, fail_fast=True, connect=faults.connect).run()
+    assert [(m.run_id, m.status) for m in first.manifests] == [
+        ("first-1", "failed"), ("second-1", "skipped"), ("third-1", "skipped")]
+    (first.sweep_dir / "journal.jsonl").unlink()
+    kept = (first.sweep_dir / "runs" / "first-1" / "manifest.json").stat().st_mtime_ns
+    again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
+    assert [(m.run_id, m.status) for m in again.manifests] == [
+        ("first-1", "failed"), ("second-1", "ok"), ("third-1", "ok")]
+    assert (first.sweep_dir / "runs" / "first-1" / "manifest.json").stat().st_mtime_ns == kept
+    assert [s for r, s, _ in journal(again) if r == "first-1"] == ["failed"]   # journaled again, not run
+
+
 def test_a_host_whose_tools_cannot_be_installed_keeps_none_of_its_connections(tmp_path, monkeypatch):
     """Connected, then the upload of the tools timed out: each such attempt closes its connection (a
     flaky host kept one open, with its thread and socket, per attempt all night)."""
