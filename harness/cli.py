@@ -382,8 +382,9 @@ def _saved_analysis(path: Path) -> Path | None:
 @exits
 def analyze(path: Path, top: Annotated[int, typer.Option(min=1, help="kernels to show")] = 15,
             format: Format = TableOrJson.table):
-    """Where the GPU time goes: a trace file, a profile directory or a run directory (whose
-    analysis.json is shown when its traces are not there: a run whose profile/ was removed)."""
+    """Where the GPU time goes: a trace file, a profile directory or a run directory.
+
+    A run directory whose traces are gone (its profile/ removed) shows the analysis.json saved with it."""
     from harness.analysis import analyze_path
     from harness.report.analysis_view import render_analysis
 
@@ -452,7 +453,7 @@ def status(results: Path, format: Format = TableOrJson.table):
         print(json.dumps(state, indent=2))
     else:
         out.print(render(state))
-    if state["counts"].get("failed") or state["counts"].get("lost"):
+    if state["counts"].get("failed") or state["counts"].get("lost") or state["state"] == "stopped":
         raise typer.Exit(1)
 
 

@@ -48,6 +48,8 @@ def sweep_status(path: Path) -> dict:
         for run in runs.values():
             if run["state"] in ("running", "retry"):
                 run["state"] = "lost"
+    # an interrupted sweep records its end too, with runs it never finished: it stopped, to be resumed
+    unfinished = any(r["state"] in ("pending", "interrupted", "lost") for r in runs.values())
     counts: dict[str, int] = {}
     for run in runs.values():
         counts[run["state"]] = counts.get(run["state"], 0) + 1
@@ -58,7 +60,7 @@ def sweep_status(path: Path) -> dict:
     return {"sweep_id": info.sweep_id if info else sweep.sweep_id, "dir": str(sweep.dir),
             "started": info.started if info else None, "finished": finished, "orchestrator": running,
             "counts": counts, "runs": list(runs.values()), "eta_s": eta,
-            "state": "running" if running is not None else "finished" if finished else "stopped"}
+            "state": "running" if running is not None else "finished" if finished and not unfinished else "stopped"}
 
 
 def render(status: dict):

@@ -142,6 +142,20 @@ def test_a_run_whose_traces_are_gone_shows_the_analysis_saved_with_it(tmp_path):
     assert harness("analyze", run).returncode == 2   # traces that are there are read, never passed over
 
 
+def test_a_sweep_interrupted_with_runs_left_is_stopped_not_finished(tmp_path):
+    """Ctrl-C records the sweep's end too; its runs not done make it one to resume, not a finished one."""
+    sweep = write_sweep(tmp_path)
+    record = json.loads((sweep / "sweep.json").read_text())
+    (sweep / "sweep.json").write_text(json.dumps(record | {"started": 1.0, "finished": 3.0}))
+    (first, second, *_) = [r["run_id"] for r in record["runs"]]
+    (sweep / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (
+        {"t": 1.0, "run_id": first, "state": "ok", "host": "gpu-01"},
+        {"t": 2.0, "run_id": second, "state": "interrupted", "host": "gpu-01"})))
+    shown = harness("status", sweep)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "stopped before the end" in " ".join(shown.stdout.split()) and "(finished)" not in shown.stdout
+
+
 def test_analyze_refuses_a_top_that_shows_no_kernel(tmp_path):
     trace = tmp_path / "x.trace.json"
     trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10,
