@@ -243,6 +243,10 @@ def _print_search(paths: list[Path]) -> None:
             _show(out, f"launch: {launch}", highlight=False, soft_wrap=True)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
 def _print_plan(sw, format: str) -> None:
     if sw.playbook.optuna is not None:
         return _print_search_plan(sw, format)
@@ -262,10 +266,11 @@ def _print_plan(sw, format: str) -> None:
         return
     configs, repeat = len({e["config"] for e in entries}), sw.playbook.repeat
     hosts = f" x {len(sw.hosts)} hosts (placement each)" if sw.playbook.placement == "each" else ""
-    out.print(f"{len(entries)} runs ({configs} configurations{hosts} x {repeat} repeat{'s' * (repeat > 1)}):",
-              highlight=False)
+    out.print(f"{_count(len(sw.runs), 'run')} ({_count(configs, 'configuration')}{hosts} x "
+              f"{_count(repeat, 'repeat')}):", highlight=False)
     for e in entries:
-        out.print(Text.assemble(f"  {e['run_id']}  ", (f"on {e['host']}", "dim")), soft_wrap=True)
+        node = f", node {e['node']}" if "node" in e else ""
+        out.print(Text.assemble(f"  {e['run_id']}  ", (f"on {e['host']}{node}", "dim")), soft_wrap=True)
     if any(h.workdir.startswith("~") for h in sw.hosts):
         err.print(Text("note: a workdir's leading ~ stands for the host user's home here; the sweep renders each "
                        "script with the absolute folder it finds on the host", style="dim"), highlight=False)

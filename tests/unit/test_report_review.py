@@ -201,3 +201,15 @@ def test_a_level_shorter_than_the_sampling_interval_says_its_gauges_are_not_its_
                                                                     "markdown").stdout.split())
     assert harness("report", sweep, "-o", tmp_path / "r.html").returncode == 0
     assert "no sample of /metrics within tp8 8" in (tmp_path / "r.html").read_text()
+
+
+def test_plan_counts_a_run_on_two_hosts_once_and_names_its_nodes(tmp_path):
+    (tmp_path / "inv.yaml").write_text("all: {hosts: {a: {transport: local}, b: {transport: local}}}\n")
+    (tmp_path / "pb.yaml").write_text(
+        "name: mn\nhosts: all\nengine: sim\nmodel: {path: /m}\nserver: {port: 30123, host: 0.0.0.0}\n"
+        "configs:\n  - {name: tp2, nodes: 2, args: {tp-size: 2}}\nbenchmark: {prompt: hi, max_tokens: 4}\n")
+    shown = harness("plan", tmp_path / "pb.yaml", "-i", tmp_path / "inv.yaml")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "1 run (1 configuration x 1 repeat):"   # it said "2 runs (1 configurations ..."
+    assert lines[1:3] == ["  tp2-1  on a, node 0", "  tp2-1  on b, node 1"]
