@@ -103,6 +103,8 @@ def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) 
     except InputError as e:
         if host is None and e.key == "hosts":   # the original's hosts, named in a colleague's inventory or not
             raise InputError(f"{e.message}; choose a host of this inventory with --host NAME") from None
+        if e.key == "hosts":   # the host asked for: named as the user gave it, not as the copy's playbook says
+            raise InputError(f"{host!r} matches no host of {inventory}", key="--host") from None
         raise
     if len(sweep.runs) != 1:
         raise InputError(f"the recorded playbook makes {len(sweep.runs)} runs, not the one a harness records",

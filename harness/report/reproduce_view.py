@@ -11,11 +11,19 @@ from harness.report.plain import PlainTable
 
 
 def _fmt(v) -> str:
+    """A fact's value in a cell: a mapping as `key value` pairs, a list item by item, long text cut
+    with a mark (never a Python repr cut mid-word: `{'commit': '…', 'dirt`)."""
     if v is None:
         return "-"
     if isinstance(v, float):
         return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
-    return str(v)[:60]
+    if isinstance(v, dict):
+        text = ", ".join(f"{k} {_fmt(x)}" for k, x in v.items())
+    elif isinstance(v, list):
+        text = "; ".join(map(_fmt, v))
+    else:
+        text = str(v)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _level(key: tuple) -> str:

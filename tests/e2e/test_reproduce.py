@@ -141,6 +141,11 @@ def test_a_recorded_host_this_inventory_lacks_is_refused_with_the_way_to_choose_
     refused = harness("reproduce", sweep_dir(tmp_path / "r") / "runs" / "tp2-1", "-i", theirs, "-o", tmp_path / "r2")
     said = " ".join(refused.stderr.split())
     assert refused.returncode == 2 and "'localhost' matches no host" in said and "--host NAME" in said, said
+    asked = harness("reproduce", sweep_dir(tmp_path / "r") / "runs" / "tp2-1", "-i", theirs, "-o", tmp_path / "r2",
+                    "--host", "gpu-03")
+    said = " ".join(asked.stderr.split())
+    assert asked.returncode == 2 and f"--host: 'gpu-03' matches no host of {theirs}" in said, said
+    assert ".reproduce" not in said   # the copy of the playbook is not what the user gave
 
 
 def test_a_value_that_held_a_secret_inside_it_is_refused_never_launched_masked(tmp_path, remote_venv):

@@ -120,3 +120,10 @@ def test_the_noise_comes_from_the_repeats_of_the_runs_own_sweep_only(tmp_path):
     ttft = [r for r in compare_runs(original, again)["rows"] if r.label == "TTFT p50 ms"]
     assert ttft and all(r.noise_source != "spread of 2 repeats" for r in ttft)
     assert all(r.noise < 0.5 for r in ttft)
+
+
+def test_a_fact_of_several_fields_is_shown_whole_not_as_a_cut_python_repr():
+    from harness.report.reproduce_view import _fmt
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert _fmt({"commit": commit, "dirty": True}) == f"commit {commit}, dirty True"
+    assert _fmt("x" * 300) == "x" * 197 + "..."
