@@ -176,6 +176,10 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         return
     if dry_run:
         return _print_plan(sw, "table")
+    if resume:   # another orchestrator on it: refused before the header, and before a Slurm allocation
+        from harness.lock import SweepLock
+        with SweepLock(output / sw.sweep_id):
+            pass
     what = (f"a search of {source.total} runs at most" if source else f"{len(sw.runs)} runs")
     out.print(Text.assemble("sweep ", (sw.sweep_id, "bold"), f": {what} on {', '.join(h.name for h in sw.hosts)}"
                             + (" (resumed)" if resume else "")))

@@ -142,6 +142,7 @@ def test_case33_a_second_orchestrator_is_refused_and_status_tells_running_from_s
         assert wait_until(lambda: out.exists() and listening(port_of(pb)), 120), proc.communicate(timeout=5)
         second = harness("sweep", pb, "-i", inv, "-o", out, "--resume")
         assert second.returncode == 1 and f"is being run by pid {proc.pid}" in second.stderr, second.stderr
+        assert "(resumed)" not in second.stdout   # refused before it says it resumes (or allocates)
         assert listening(port_of(pb))                       # the first orchestrator's server untouched
         status = harness("status", out)
         assert status.returncode == 0 and f"running: pid {proc.pid}" in status.stdout, status.stdout
