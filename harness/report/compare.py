@@ -359,7 +359,8 @@ def winner(rows: list[dict]) -> dict | None:
     return {"config": best["config"], "concurrency": best["concurrency"], "request_rate": best.get("request_rate"),
             "scenario": scenario, "workloads": len(workloads), "output_tok_s": best["output_tok_s"],
             "ci": best.get("output_tok_s_ci"), "runner_up": second and second["config"],
-            "runner_up_tok_s": second and second["output_tok_s"], "verdict": judged, "launch": best.get("launch")}
+            "runner_up_tok_s": second and second["output_tok_s"],
+            "runner_up_ci": second and second.get("output_tok_s_ci"), "verdict": judged, "launch": best.get("launch")}
 
 
 def launch_line(rows: list[dict]) -> str | None:
@@ -382,7 +383,10 @@ def winner_text(w: dict) -> str:
         elif w["verdict"] == "within noise":
             line += f"; within the noise of {w['runner_up']} ({_fmt(w['runner_up_tok_s'])} tok/s): more repeats tell"
         else:
-            line += (f"; {w['runner_up']} next ({_fmt(w['runner_up_tok_s'])} tok/s), one run each: no interval "
+            single = [name for name, ci in ((w["config"], w.get("ci")), (w["runner_up"], w.get("runner_up_ci")))
+                      if not ci]
+            said = "one run each" if len(single) == 2 else f"{single[0]} has one run" if single else "too few runs"
+            line += (f"; {w['runner_up']} next ({_fmt(w['runner_up_tok_s'])} tok/s), {said}: no interval "
                      "(`repeat:` 3 or more judges the noise)")
     return line + (f"\nlaunch: {w['launch']}" if w.get("launch") else "")
 
@@ -719,9 +723,12 @@ def as_markdown(rows: list[dict]) -> str:
         cells = ([r["config"], load_label(r)] + [_fmt(r.get(f"{m}_{q}")) for m, q, _ in METRICS]
                  + [_fmt(r.get("output_tok_s"))] + [_fmt(r.get("goodput_req_s"))] * goodput
                  + [_fmt(r.get("theoretical_ms")), format_efficiency(r.get("efficiency"))] * roofline
-                 + [_pct(r.get("itl_vs_baseline")), _pct(r.get("tok_s_vs_baseline")), r["misses"] or "",
+                 + [_judged(r.get("itl_vs_baseline"), r.get("itl_verdict")),
+                    _judged(r.get("tok_s_vs_baseline"), r.get("tok_s_verdict")), r["misses"] or "",
                     r.get("error") or ""])
         lines.append("| " + " | ".join(map(_md_cell, cells)) + " |")
+    if any("within noise" in (r.get("itl_verdict"), r.get("tok_s_verdict")) for r in rows):
+        lines += ["", "≈ within the noise (95% intervals overlap)"]
     note = time_note(rows)
     loads = printable(load_notes(rows))
     return ("\n".join(lines) + "\n" + ("\n" + "\n\n".join(loads.splitlines()) + "\n" if loads else "")

@@ -165,3 +165,24 @@ def test_harness_compare_by_sweep_on_the_command_line(tmp_path):
 def test_time_left_is_said_in_units_a_person_uses(seconds, said):
     from harness.report.live import how_long
     assert how_long(seconds) == said
+
+
+def test_the_winner_line_says_which_side_has_a_single_run():
+    """The winner measured twice (an interval) against a runner-up measured once: the line said "one run
+    each" beside the winner's own interval."""
+    from harness.report.compare import winner_text
+    w = {"config": "tp8", "output_tok_s": 2748.0, "ci": [2744.0, 2751.0], "runner_up": "ep8",
+         "runner_up_tok_s": 2700.0, "runner_up_ci": None, "verdict": None}
+    line = winner_text(w)
+    assert "ep8 has one run: no interval" in line and "one run each" not in line
+    both = winner_text(w | {"ci": None})
+    assert "one run each: no interval" in both
+
+
+def test_markdown_marks_a_change_within_the_noise_as_the_table_does(tmp_path):
+    from harness.report.compare import as_markdown
+    row = {"config": "ep8", "concurrency": 1, "ok": True, "baseline": "tp8", "output_tok_s": 100.0,
+           "itl_vs_baseline": 0.001, "itl_verdict": "within noise", "tok_s_vs_baseline": -0.2,
+           "tok_s_verdict": "worse", "misses": []}
+    text = as_markdown([row])
+    assert "| ≈+0% | -20% |" in text and "≈ within the noise" in text
