@@ -280,14 +280,16 @@ def _pause(waited: float) -> float:
 
 
 def stop_group(pgid: int | None, timeout: float) -> str | None:
-    """SIGTERM the process group, SIGKILL what is left after half the timeout; the last signal sent."""
+    """SIGTERM the process group, SIGKILL what is left after half the timeout; the last signal sent.
+
+    The session of that number is signalled with it: the wrapper leads both, and a server process that
+    moved to a process group of its own (setpgid) stays in the session. A group none of whose members
+    we may signal (another user's, under a number that was ours) is left alone."""
     sent = None
     if not pgid or not group_alive(pgid):
         return sent
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
+        if not _signal_group(pgid, sig):
             break
         sent = sig.name
         started = time.monotonic()
@@ -296,6 +298,20 @@ def stop_group(pgid: int | None, timeout: float) -> str | None:
         if not group_alive(pgid):
             break
     return sent
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """`sig` to the process group and to every member of the session `pgid` outside it; whether any
+    was signalled."""
+    any_sent = False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+        any_sent = True
+    for pid in group_members(pgid, session_only=True):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            any_sent = True
+    return any_sent
 
 
 def cmd_stop(a) -> int:
@@ -308,9 +324,7 @@ def cmd_stop(a) -> int:
         time.sleep(2 * _pause(time.monotonic() - started))
     out["group_alive"] = bool(pid and group_alive(pid))
     if not out["group_alive"]:   # a later reap or stop must not find a pid that may be reused
-        for name in (RunFiles.PID, RunFiles.WATCHDOG_PID):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(os.path.dirname(a.pid_file), name))
+        remove_pid_files(os.path.dirname(a.pid_file))
     out["port_closed"] = not port_open(a.bind, a.port)
     if not out["port_closed"]:
         out["port_holders"] = port_listeners(a.port)
@@ -332,16 +346,25 @@ def gpu_released(baseline: str, timeout: float, slack_mib: float = 512) -> dict:
 
 
 def group_alive(pgid: int) -> bool:
-    """Is any live (non-zombie) process left in the process group?"""
+    """Is any live (non-zombie) process left in the process group, or in the session of that number?"""
+    return bool(group_members(pgid))
+
+
+def group_members(pgid: int, session_only: bool = False) -> list[int]:
+    """The live (non-zombie) processes whose process group or session is `pgid` (`session_only`: those
+    of the session outside that group). Linux gives a number in use as a group or session id to no new
+    process, so these are the processes the group's leader started, whatever groups they moved to."""
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        in_group, in_session = int(fields[2]) == pgid, int(fields[3]) == pgid
+        if fields[0] != "Z" and (in_session and not in_group if session_only else in_group or in_session):
+            found.append(int(pid))
+    return found
 
 
 def remove_secrets(run_dir: str) -> None:
@@ -357,28 +380,77 @@ def lease_age(path: str) -> float:
         return float("inf")
 
 
+def lease_stamp(path: str) -> tuple[int, int, int] | None:
+    """What a touch of the lease changes (its mtime and ctime, and the file itself); None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+class Lease:
+    """The lease as the watchdog sees it: silent since it last saw a touch, timed by the monotonic clock.
+
+    The host's wall clock may jump (NTP stepping it after a boot or a resumed VM): judged by mtime
+    alone, a step forward by more than the lease stopped the server of a live orchestrator, and a
+    step back (an mtime in the future) kept a server whose orchestrator was gone until the clock
+    caught up, hours later. Any change of the file counts as a touch, whatever time it says; only at
+    the start does the mtime's age count (0 when it is in the future), so a lease already stale then
+    lapses at once. A lease that is gone is lapsed."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.stamp = lease_stamp(path)
+        self.seen = time.monotonic() - min(max(0.0, lease_age(path)), 1e9)
+
+    def silent_s(self) -> float:
+        stamp = lease_stamp(self.path)
+        if stamp is None:
+            return float("inf")
+        if stamp != self.stamp:
+            self.stamp, self.seen = stamp, time.monotonic()
+        return time.monotonic() - self.seen
+
+
+def remove_pid_files(run_dir: str) -> None:
+    """A group that has ended leaves no pid file behind: its number can be reused, and a later stop or
+    reap (whose check of a pid file accepts a group whose leader is gone) would signal the new owner."""
+    for name in (RunFiles.PID, RunFiles.WATCHDOG_PID):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(run_dir, name))
+
+
 def cmd_watch(a) -> int:
     """Beside every server: kill its process group when the orchestrator's lease lapses.
 
     The orchestrator touches the lease file every few seconds; if it dies, loses the network or
-    sleeps, the touches stop and the GPUs are freed `lease_s` later instead of never.
+    sleeps, the touches stop and the GPUs are freed `lease_s` later instead of never. A server that
+    ends by itself is watched until the lease lapses too (a live orchestrator's stop ends the
+    watchdog first): then its pid files go, so no later reap takes a reused number for it.
     """
     run_dir = os.path.dirname(os.path.abspath(a.pid_file))
     write_pid(os.path.join(run_dir, RunFiles.WATCHDOG_PID), os.getpid())
+    lease = Lease(a.lease)
     deadline = time.monotonic() + 60
     while read_pid(a.pid_file) is None and time.monotonic() < deadline:
         time.sleep(0.1)
     pgid = read_pid(a.pid_file)
-    while pgid and group_alive(pgid):
-        age = lease_age(a.lease)
-        if age > a.lease_s:
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} lease {a.lease} not renewed for {age:.0f} s "
-                  f"(limit {a.lease_s:g} s): stopping server process group {pgid}", flush=True)
-            print(f"sent {stop_group(pgid, 30)}", flush=True)
+    while True:
+        alive = bool(pgid and group_alive(pgid))
+        silent = lease.silent_s()
+        if silent > a.lease_s:
+            if alive:
+                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} lease {a.lease} not renewed for {silent:.0f} s "
+                      f"(limit {a.lease_s:g} s): stopping server process group {pgid}", flush=True)
+                print(f"sent {stop_group(pgid, 30)}", flush=True)
             remove_secrets(run_dir)
+            if not (pgid and group_alive(pgid)):
+                remove_pid_files(run_dir)
+            return 0
+        if pgid is None:
             return 0
         time.sleep(min(1.0, a.lease_s / 10))
-    return 0
 
 
 def cmd_reap(a) -> int:
@@ -394,6 +466,8 @@ def cmd_reap(a) -> int:
             stopped.append({"run_dir": run_dir, "pid": pgid, "signal": stop_group(pgid, 30)})
             stop_group(read_pid(os.path.join(run_dir, RunFiles.WATCHDOG_PID)), 5)
         remove_secrets(run_dir)
+        if not (pgid and group_alive(pgid)):
+            remove_pid_files(run_dir)
     return emit({"stopped": stopped})
 
 

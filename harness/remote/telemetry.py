@@ -15,13 +15,15 @@ to be non-empty before it starts the benchmark) and once more as it stops, on SI
 `--duration` seconds, or when the process that started it is gone (its parent changed), so it never
 outlives a lost SSH session for long.
 
-The host is not trusted, and neither is the engine: an answer to /metrics over `--max-bytes` is
-refused unread, every line is parsed strictly (a line that is not a sample or a comment counts as
-malformed and gives no value) and tolerantly (comments, labels with escapes, NaN and +Inf, a
-timestamp, a missing final newline), and only the families asked for are kept. nvidia-smi runs with a
-timeout and a bounded output; one that hangs past its timeout is not asked again that run. What goes
-wrong is written as a `note` line (the first time each message is seen) and never ends the sampler:
-telemetry describes a run, it never fails one.
+The host is not trusted, and neither is the engine: an answer to /metrics over `--max-bytes`, or
+taking over 5 s in all (sent a byte at a time), is refused, every line is parsed strictly (a line
+that is not a sample or a comment counts as malformed and gives no value) and tolerantly (comments,
+labels with escapes, NaN and +Inf, a timestamp, a missing final newline), and only the families asked
+for are kept. nvidia-smi runs with a timeout and a bounded output; one that hangs past its timeout is
+not asked again that run, and a value it could not read (`ERR!`, or no finite number) is null. What
+goes wrong is written as a `note` line (the first time each message is seen) and never ends the
+sampler: telemetry describes a run, it never fails one. A write the disk cannot take is undone to the
+last whole line, and the sampler goes on.
 Exit 0, or 2 on bad arguments.
 """
 
@@ -31,13 +33,16 @@ import argparse
 import contextlib
 import http.client
 import json
+import math
 import os
 import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -49,18 +54,37 @@ MAX_METRICS_BYTES = 4 << 20       # vLLM 0.32 on CPU: 52 KB; a large server with
 MAX_SMI_BYTES = 256 << 10         # eight GPUs of five fields: well under 1 KB
 HTTP_TIMEOUT_S = 5.0
 SMI_TIMEOUT_S = 10.0
+SMI_ERROR_CELL = re.compile(r"(^|,)\s*(ERR!|N/A|Not Supported|Unknown Error)\s*(?=,|$)", re.M)
+"""A cell nvidia-smi could not read, as it prints one outside brackets (`ERR!` for a GPU in trouble):
+bracketed, it is read as [N/A] is, None for that GPU's field alone (the table stands)."""
 GPU_QUERY = ("index", "clocks.sm", "memory.used", "power.draw", "utilization.gpu")
 """What nvidia-smi is asked per GPU (`--query-gpu`), in its own spelling."""
 def fetch_metrics(url: str, *, max_bytes: int = MAX_METRICS_BYTES, timeout: float = HTTP_TIMEOUT_S,
                   headers: dict[str, str] | None = None) -> str:
     """GET `url` (the engine's /metrics) as text; ValueError naming what was wrong with the answer
-    (status, size, encoding), OSError when it could not be had. Never reads more than max_bytes + 1."""
+    (status, size, encoding), OSError when it could not be had. Never reads more than max_bytes + 1,
+    nor for longer than `timeout` in all: a socket's timeout bounds each read, and an answer sent a
+    byte at a time would otherwise hold the sampler (and its stop) for hours."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"url must look like http://HOST:PORT/metrics, got {url!r}")
     conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = conn_class(parts.hostname, parts.port, timeout=timeout)
+    cut = threading.Event()
+    sock: list[socket.socket] = []
+
+    def cut_off() -> None:   # at the deadline: the read under way ends (the socket is shut down)
+        cut.set()
+        for s in sock:       # the connection's own: http.client lets go of it once the head is read
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout, cut_off)
+    timer.daemon = True
     try:
+        conn.connect()
+        sock.append(conn.sock)
+        timer.start()
         conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
                      headers={"Accept": "text/plain", "Accept-Encoding": "identity", **(headers or {})})
         response = conn.getresponse()
@@ -71,15 +95,22 @@ def fetch_metrics(url: str, *, max_bytes: int = MAX_METRICS_BYTES, timeout: floa
             raise ValueError(f"the /metrics answer of {int(length):,} bytes is over the {max_bytes:,} byte "
                              "limit: refused unread")
         body = response.read(max_bytes + 1)
+        if cut.is_set():
+            raise ValueError(f"the /metrics answer took over {timeout:g} s: refused")
         if len(body) > max_bytes:
             raise ValueError(f"the /metrics answer is over the {max_bytes:,} byte limit: refused")
         try:
             return body.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"the /metrics answer is not UTF-8 ({e})") from None
-    except http.client.HTTPException as e:
+    except (http.client.HTTPException, OSError) as e:
+        if cut.is_set():
+            raise ValueError(f"the /metrics answer took over {timeout:g} s: refused") from None
+        if isinstance(e, OSError):
+            raise
         raise ValueError(f"not an HTTP answer: {type(e).__name__}: {e}") from None
     finally:
+        timer.cancel()
         conn.close()
 
 
@@ -186,7 +217,7 @@ class Sampler:
         try:
             text = run_bounded([self.smi, f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv"],
                                timeout=self.smi_timeout, max_bytes=MAX_SMI_BYTES)
-            gpus = parse_gpu_csv(text)
+            gpus = parse_gpu_csv(SMI_ERROR_CELL.sub(r"\1 [\2]", text))
         except Hung as e:   # a hung nvidia-smi stays hung (a driver in trouble): asked again, it would
             self.smi = None  # hold up every round of /metrics by its timeout
             return self.note("gpu", f"nvidia-smi: {e}: no more GPU samples this run")
@@ -194,21 +225,60 @@ class Sampler:
             return self.note("gpu", f"nvidia-smi: {e}")
         got = time.monotonic_ns()
         for gpu in gpus:
+            for key, value in gpu.items():
+                if isinstance(value, float) and not math.isfinite(value):   # no reading: never a figure
+                    self.note("gpu", f"nvidia-smi: {key} of GPU {gpu.get('gpu')} is {value}: left out")
+                    gpu[key] = None
             self.counts["gpu"] += 1
             self.lines.append({"t_ns": sent, "t_end_ns": got, "source": "gpu", "values": gpu})
 
 
-def _open_out(path: str):
-    """The output file for appending, created 0600, never through a link someone planted."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    return os.fdopen(fd, "a", encoding="utf-8")
+def _open_out(path: str) -> int:
+    """The output file for appending (a descriptor), created 0600, never through a link someone planted."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
 
 
-def _write(out, lines: list[dict]) -> None:
-    """Whole lines in one write, flushed: a reader sees every line complete or not at all."""
-    if lines:
-        out.write("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
-        out.flush()
+class Out:
+    """telemetry.jsonl, written a round at a time: whole lines or none. A write the disk cannot take
+    (full, over a quota) is undone to the last whole line and its lines dropped, and the sampler goes
+    on: once the disk takes lines again, a note says how many were lost and why (the start line, which
+    says what the file is, is kept until it is written: it comes first all the same)."""
+
+    def __init__(self, path: str, sampler: Sampler):
+        self.fd, self.sampler = _open_out(path), sampler
+        self.lost, self.why = 0, ""
+        self.head: list[dict] = []
+
+    def write(self, lines: list[dict], *, head: bool = False) -> None:
+        if head:
+            self.head, lines = lines[:1], lines[1:]
+        if not lines and not self.head:
+            return
+        lost = [{"t_ns": time.monotonic_ns(), "source": "note",
+                 "values": {"about": "telemetry", "error": True,
+                            "message": f"{self.lost} lines not written: {self.why}"}}] if self.lost else []
+        lines = [*self.head, *lost, *lines]
+        data = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
+        try:
+            end = os.fstat(self.fd).st_size
+        except OSError:
+            end = None
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self.fd, data[done:])
+        except OSError as e:
+            if end is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, end)
+            self.lost += len(lines) - len(lost) - len(self.head)
+            self.why = e.strerror or str(e)
+            self.sampler.counts["errors"] += 1
+            return
+        self.lost, self.head = 0, []
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,13 +299,14 @@ def run(args: argparse.Namespace) -> int:
     parent, started = os.getppid(), time.monotonic()
     sampler = Sampler(None if args.no_metrics else args.url, families, max_bytes=args.max_bytes, headers=headers,
                       smi=None if args.no_gpu else args.nvidia_smi, smi_timeout=args.smi_timeout)
-    with _open_out(args.out) as out:
+    out = Out(args.out, sampler)
+    try:
         begun = time.monotonic_ns()
         sampler.sample()   # the sample at the start; the file stays empty until it is done
         head = {"t_ns": begun, "source": "start",
                 "values": {"schema": SCHEMA, "url": args.url, "interval_s": args.interval, "families": families,
                            "metrics": spec, "gpu_query": list(GPU_QUERY), "pid": os.getpid()}}
-        _write(out, [head, *sampler.take()])
+        out.write([head, *sampler.take()], head=True)
         why, next_at = "", time.monotonic() + args.interval
         while not why:
             left = next_at - time.monotonic()
@@ -252,10 +323,12 @@ def run(args: argparse.Namespace) -> int:
             elif time.monotonic() >= next_at:
                 next_at = max(next_at + args.interval, time.monotonic())
                 sampler.sample()
-                _write(out, sampler.take())
+                out.write(sampler.take())
         sampler.sample()   # the sample at the stop
-        _write(out, [*sampler.take(), {"t_ns": time.monotonic_ns(), "source": "stop",
-                                       "values": {"why": why, **sampler.counts}}])
+        out.write([*sampler.take(), {"t_ns": time.monotonic_ns(), "source": "stop",
+                                     "values": {"why": why, **sampler.counts}}])
+    finally:
+        out.close()
     print(json.dumps({"why": why, **sampler.counts}))
     return 0
 

@@ -1,0 +1,170 @@
+"""The agent's stop and watchdog as a host runs them: real processes, real pid and lease files.
+
+A server that moves a process to a group of its own, a lease whose mtime the host's clock put in the
+future or far in the past, and a pid file whose number now names another user's group."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.remote.agent import write_pid
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A server that ignores SIGTERM, and a child of it that leaves its process group (setpgid) and ignores
+# SIGTERM too: the child's pid is written to the file given.
+SERVER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    os.setpgid(0, 0)
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    while True:
+        time.sleep(1)
+while True:
+    time.sleep(1)
+"""
+
+
+def live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def agent(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.remote", "agent", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A server leading its own session and group (as the launch wrapper does), its pid file written."""
+    child_file = tmp_path / "child.pid"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(child_file)], start_new_session=True)
+    assert wait_for(child_file.exists, 30)
+    child = int(child_file.read_text())
+    write_pid(str(tmp_path / "server.pid"), proc.pid)
+    yield proc, child
+    for pid in (child, proc.pid):
+        if live(pid):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def test_stop_also_ends_a_server_process_that_left_the_group(tmp_path, server):
+    proc, child = server
+    answer = agent("stop", "--pid-file", str(tmp_path / "server.pid"), "--port", str(free_port()),
+                   "--timeout", "4")
+    assert answer.returncode == 0, answer.stderr
+    assert wait_for(lambda: not live(child) and not live(proc.pid), 10), "a server process outlived the stop"
+    assert '"group_alive": false' in answer.stdout
+    assert not (tmp_path / "server.pid").exists()
+
+
+def watchdog(tmp_path: Path, lease_s: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.remote", "agent", "watch", "--pid-file",
+                             str(tmp_path / "server.pid"), "--lease", str(tmp_path / "lease"),
+                             "--lease-s", str(lease_s)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_lease_whose_mtime_is_in_the_future_still_lapses(tmp_path, server):
+    """The host's clock stepped back after the last touch: the orchestrator is gone all the same."""
+    proc, child = server
+    lease = tmp_path / "lease"
+    lease.touch()
+    os.utime(lease, (time.time() + 3600, time.time() + 3600))
+    wd = watchdog(tmp_path, 1)
+    try:
+        assert wait_for(lambda: not live(proc.pid) and not live(child), 60), "the server outlived its lease"
+        assert wd.wait(timeout=60) == 0
+        assert not (tmp_path / "server.pid").exists() and not (tmp_path / "watchdog.pid").exists()
+    finally:
+        if wd.poll() is None:
+            wd.kill()
+            wd.wait()
+
+
+def test_a_lease_touched_while_the_clock_is_off_is_kept(tmp_path, server):
+    """Touches whose time is far behind (the clock stepped forward since): each one still renews."""
+    proc, child = server
+    lease = tmp_path / "lease"
+    lease.touch()
+    past = time.time() - 1000
+    os.utime(lease, (past, past))
+    wd = watchdog(tmp_path, 2)
+    try:
+        for i in range(1, 16):   # 4.5 s of touches, each 0.3 s apart
+            time.sleep(0.3)
+            os.utime(lease, (past + i, past + i))
+            assert live(proc.pid) and wd.poll() is None, wd.stdout.read() if wd.stdout else ""
+        # then the touches stop: it lapses
+        assert wait_for(lambda: not live(proc.pid) and not live(child), 60)
+        assert wd.wait(timeout=60) == 0
+    finally:
+        if wd.poll() is None:
+            wd.kill()
+            wd.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root (to be another user) and a python the other user can run")
+def test_a_pid_file_naming_another_users_group_signals_nothing_and_says_so():
+    """server.pid's number is now the group of another user's daemon, whose leader exited (the number
+    of a gone leader is taken for the group it started): the agent, as a user, may not signal it."""
+    run_dir = Path(tempfile.mkdtemp())
+    try:
+        os.chmod(run_dir, 0o755)
+        child_file = run_dir / "child"
+        daemon = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                                   "if os.fork(): sys.exit(0)\n"
+                                   f"open({str(child_file)!r}, 'w').write(str(os.getpid()))\n"
+                                   "time.sleep(120)\n"], start_new_session=True)
+        daemon.wait(timeout=30)
+        assert wait_for(lambda: child_file.exists() and child_file.read_text(), 30)
+        child = int(child_file.read_text())
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        (run_dir / "server.pid").write_text(f"{daemon.pid} 1 {boot}\n")
+        os.chmod(run_dir / "server.pid", 0o644)
+        try:
+            answer = subprocess.run(["/usr/bin/python3", "-m", "harness.remote", "agent", "stop", "--pid-file",
+                                     str(run_dir / "server.pid"), "--port", str(free_port()), "--timeout", "2"],
+                                    cwd=REPO, capture_output=True, text=True, timeout=120, user=65534, group=65534)
+            assert "Traceback" not in answer.stderr, answer.stderr
+            assert answer.returncode == 0 and '"signal": null' in answer.stdout
+            assert live(child)
+        finally:
+            if live(child):
+                os.kill(child, signal.SIGKILL)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
