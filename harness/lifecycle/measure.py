@@ -108,9 +108,16 @@ def telemetry_shell(ctx: RunContext, budget: float) -> tuple[str, str]:
     start = (f"rm -f {out}; {sampler} >/dev/null 2>&1 </dev/null & tpid=$!; i=0; "
              f"while [ ! -s {out} ] && [ $i -lt {TELEMETRY_FIRST_S * 10} ] && [ -e /proc/$tpid ] "
              "&& ! grep -q ') Z' /proc/$tpid/stat 2>/dev/null; do sleep 0.1; i=$((i+1)); done; ")
-    stop = (f"kill -TERM $tpid 2>/dev/null; ( sleep {TELEMETRY_STOP_S}; kill -KILL $tpid ) >/dev/null 2>&1 "
-            "</dev/null & killer=$!; wait $tpid 2>/dev/null; kill $killer 2>/dev/null; ")
-    return start, stop
+    return start, stop_sampler(TELEMETRY_STOP_S)
+
+
+def stop_sampler(grace: float) -> str:
+    """Shell that stops the sampler `$tpid`: SIGTERM, SIGKILL after `grace` seconds if it is still
+    there. The killer's own sleep goes with the killer (killing its subshell alone left the sleep
+    running on the host for the whole grace, after every benchmark)."""
+    return (f"kill -TERM $tpid 2>/dev/null; ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {grace:g} & s=$!; "
+            "wait $s; kill -KILL $tpid ) >/dev/null 2>&1 </dev/null & killer=$!; wait $tpid 2>/dev/null; "
+            "kill $killer 2>/dev/null; ")
 
 
 def bench(ctx: RunContext) -> None:

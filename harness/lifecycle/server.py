@@ -179,7 +179,7 @@ def stop_command(ctx: RunContext) -> str:
     # nsys writes its report after the server gets SIGTERM: give it time before SIGKILL
     grace = 240 if ctx.sweep.playbook.profile.mode == "nsys" else 30
     devices = ctx.found.probe.gpus.devices if ctx.found.probe is not None else []
-    baseline = ",".join(str(d.memory_used_mib) for d in devices)
+    baseline = ",".join("" if d.memory_used_mib is None else str(d.memory_used_mib) for d in devices)
     return (ctx.agent_command("stop", "--pid-file", ctx.paths.pid_file, "--port", ctx.rendered.port,
                               "--bind", ctx.server_address, "--timeout", grace, "--gpu-baseline", baseline)
             + f"; rm -f {shlex.quote(ctx.paths.secrets_file)}")

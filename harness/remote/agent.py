@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -209,20 +210,35 @@ def port_open(host: str, port: int) -> bool:
 
 
 def gpus() -> dict:
+    """The GPUs and the processes on them. A cell nvidia-smi cannot fill (`[N/A]` for memory on some
+    GPUs, `ERR!`) is None, that GPU kept; a process name may hold commas (the first and last fields
+    are the pid and the memory, the name is what lies between)."""
     if not shutil.which("nvidia-smi"):
         return {"available": False}
     def query(what: str, fields: str) -> list[list[str]]:
         out = subprocess.run(["nvidia-smi", f"--query-{what}={fields}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30).stdout
-        return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+        width = fields.count(",") + 1
+        rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+        return [r[:1] + [", ".join(r[1:len(r) - width + 2])] + r[len(r) - width + 2:] if len(r) > width else r
+                for r in rows]
     try:
-        devices = [{"index": int(i), "name": n, "memory_used_mib": float(u), "memory_total_mib": float(t)}
+        devices = [{"index": int(i), "name": n, "memory_used_mib": _mib(u), "memory_total_mib": _mib(t)}
                    for i, n, u, t in query("gpu", "index,name,memory.used,memory.total")]
         apps = [{"pid": p, "name": n, "memory_mib": m}
                 for p, n, m in query("compute-apps", "pid,process_name,used_memory")]
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         return {"available": True, "error": str(e)}
     return {"available": True, "devices": devices, "processes": apps}
+
+
+def _mib(cell: str) -> float | None:
+    """A memory figure nvidia-smi printed; None for what it could not read (`[N/A]`, `ERR!`)."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 # --- subcommands --------------------------------------------------------------------------------------
@@ -334,12 +350,15 @@ def cmd_stop(a) -> int:
 
 
 def gpu_released(baseline: str, timeout: float, slack_mib: float = 512) -> dict:
-    """Wait until every GPU is back to its memory use before the launch (within `slack_mib`)."""
-    before = [float(x) for x in baseline.split(",")]
+    """Wait until every GPU is back to its memory use before the launch (within `slack_mib`). A GPU
+    whose memory nvidia-smi cannot read, then or now (an empty field of the baseline, None), is not
+    waited for: nothing would tell it released."""
+    before = [_mib(x) for x in baseline.split(",")]
     deadline = time.monotonic() + timeout
     while True:
         now = [d["memory_used_mib"] for d in gpus().get("devices", [])]
-        released = len(now) == len(before) and all(n <= b + slack_mib for n, b in zip(now, before))
+        released = len(now) == len(before) and all(n is None or b is None or n <= b + slack_mib
+                                                   for n, b in zip(now, before))
         if released or time.monotonic() > deadline:
             return {"gpu_released": released, "gpu_memory_used_mib": now, "gpu_memory_before_mib": before}
         time.sleep(0.5)

@@ -32,7 +32,7 @@ class PortHolder(Answer):
 class GpuDevice(Answer):
     index: int
     name: str = ""
-    memory_used_mib: float
+    memory_used_mib: float | None           # None: nvidia-smi could not read it ([N/A], ERR!)
     memory_total_mib: float | None = None
 
 
@@ -80,8 +80,8 @@ class Stop(Answer):
     port_closed: bool = True
     port_holders: list[PortHolder] = Field(default_factory=list)
     gpu_released: bool | None = None
-    gpu_memory_used_mib: list[float] = Field(default_factory=list)
-    gpu_memory_before_mib: list[float] = Field(default_factory=list)
+    gpu_memory_used_mib: list[float | None] = Field(default_factory=list)
+    gpu_memory_before_mib: list[float | None] = Field(default_factory=list)
 
 
 class TraceFile(Answer):

@@ -168,3 +168,38 @@ def test_a_pid_file_naming_another_users_group_signals_nothing_and_says_so():
                 os.kill(child, signal.SIGKILL)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+NVIDIA_SMI_NA = """#!/bin/sh
+# memory nvidia-smi cannot read on one GPU ([N/A]), one it failed on (ERR!), and a process whose name
+# holds commas
+case "$1" in
+  --query-gpu=*) echo "0, NVIDIA GH200 480GB, [N/A], [N/A]"; echo "1, NVIDIA GH200 480GB, ERR!, 97871" ;;
+  --query-compute-apps=*) echo "4242, python -m x --a 1,2,3, 81000" ;;
+esac
+"""
+
+
+def test_gpus_nvidia_smi_cannot_read_are_kept_with_no_figure_and_release_is_not_waited_for(tmp_path, monkeypatch):
+    """`[N/A]` memory made the whole answer an error: the probe saw no GPU, and every teardown waited
+    its full timeout for a release it could never see. A comma in a process name did the same."""
+    from harness.remote import agent
+    (tmp_path / "nvidia-smi").write_text(NVIDIA_SMI_NA)
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    found = agent.gpus()
+    assert [(d["index"], d["memory_used_mib"], d["memory_total_mib"]) for d in found["devices"]] == [
+        (0, None, None), (1, None, 97871.0)]
+    assert found["processes"] == [{"pid": "4242", "name": "python -m x --a 1, 2, 3", "memory_mib": "81000"}]
+    assert agent.gpu_released(",5000", timeout=5)["gpu_released"] is True
+
+
+def test_stopping_the_sampler_leaves_no_sleep_behind():
+    """The sampler gone at its SIGTERM: the killer that would SIGKILL it later is ended, its sleep
+    with it (before, the sleep stayed on the host, adopted by init, for the grace's 30 s)."""
+    from harness.lifecycle.measure import stop_sampler
+    subprocess.run(["bash", "-c", "sleep 100 & tpid=$!; " + stop_sampler(37.25)], check=True, timeout=60)
+    left = subprocess.run(["pgrep", "-f", "^sleep 37.25$"], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    assert left == []
