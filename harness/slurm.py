@@ -16,7 +16,7 @@ command wraps the executor in `allocations(sweep)`, which
    host's transport) and any other host as before;
 3. releases the allocation (`scancel`) however the sweep ends: finished, Ctrl-C, a fatal error, an
    allocation that did not come in time (then by job name, so that nothing is left pending even
-   when salloc was stopped before saying its job id).
+   when salloc was stopped before saying its job id; a name of this request's own, `job_name`).
 
 Nothing is renewed by hand: the allocation lasts until released or until its time limit, which is the
 cluster's business. `--resume` is a new sweep invocation, so it takes a new allocation.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import secrets
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,10 +60,30 @@ def salloc_command(settings: SlurmSettings, *, nodes: int, name: str) -> str:
     return shlex.join(words)
 
 
+def job_name(sweep_id: str, cluster: str) -> str:
+    """A job name of this request alone: the sweep's id and group, and a random suffix. One sweep id
+    may ask twice at once (a `--resume` of a sweep still running elsewhere is refused its lock only
+    once its allocation came; two sweeps of one playbook started in the same second), and a request
+    that did not come is withdrawn by its name: that name must never be another sweep's job's."""
+    return f"harness-{sweep_id}-{cluster}"[:190] + f"-{secrets.token_hex(4)}"
+
+
 def granted_job(said: str) -> str | None:
     """The job id in salloc's `Granted job allocation N`, if it said so."""
     found = GRANTED.search(said)
     return found[1] if found else None
+
+
+def held_reason(said: str) -> str:
+    """What to add to the error from squeue's `JOB/REASON` lines: the last job's reason, as Slurm
+    words it, a host list in brackets included (`ReqNodeNotAvail, UnavailableNodes:gpu[01-04]`, the
+    reason of nodes down or drained); nothing from a line of another shape."""
+    reasons = [line.strip() for line in said.splitlines()
+               if re.fullmatch(r"\d+/[\w(),:.=\[\] -]{1,200}", line.strip())]
+    if not reasons:
+        return ""
+    job, _, reason = reasons[-1].partition("/")
+    return f"; squeue gives job {job} the reason {reason}"
 
 
 def node_names(said: str, *, expected: int) -> list[str]:
@@ -139,14 +160,20 @@ class Allocation:
             said = self._run(f"squeue -h -t all --name={shlex.quote(self.name)} -o %i/%r", timeout=QUERY_TIMEOUT_S)
         except HarnessError:
             return ""
-        reasons = [line.strip() for line in said.stdout.splitlines()
-                   if re.fullmatch(r"\d+/[\w(),: -]{1,200}", line.strip())]
-        if not said.ok or not reasons:
-            return ""
-        job, _, reason = reasons[-1].partition("/")
-        return f"; squeue gives job {job} the reason {reason}"
+        return held_reason(said.stdout) if said.ok else ""
 
     def release(self) -> None:
+        """scancel the job, even through a Ctrl-C: pressed at a sweep that seems to hang on a slow
+        scancel (a busy controller), it killed scancel, and the job held its nodes until its time
+        limit. Asked once more, then the interrupt goes on."""
+        try:
+            self._release()
+        except KeyboardInterrupt:
+            self.log(f"slurm group {self.cluster!r}: interrupted while releasing its job; releasing it still")
+            self._release()
+            raise
+
+    def _release(self) -> None:
         """scancel the job (or, when its id never came, every job of ours with its name); the error of
         a release that failed is said, not raised: the sweep's own outcome comes first."""
         if self.job_id is not None:
@@ -212,7 +239,7 @@ def allocations(sweep: Sweep, *, connect: Connect = connect_over_transport,
         for cluster, slots in clusters.items():
             settings = slots[0].slurm
             assert settings is not None
-            name = f"harness-{sweep.sweep_id}-{cluster}"[:200]
+            name = job_name(sweep.sweep_id, cluster)
             allocation = Allocation(cluster, settings, len(slots), login=login_spec(sweep, settings),
                                     name=name, connect=connect, log=log)
             made.append(allocation)
@@ -231,5 +258,11 @@ def allocations(sweep: Sweep, *, connect: Connect = connect_over_transport,
         pythons = {h.name: f"{h.venv}/bin/python" for h in bound.values() if h.venv}
         yield dataclasses.replace(sweep, hosts=hosts, runs=runs), NodeConnect(by_node, connect, pythons)
     finally:
-        for allocation in made:
-            allocation.release()
+        interrupted: KeyboardInterrupt | None = None
+        for allocation in made:   # each released, a Ctrl-C during one or not
+            try:
+                allocation.release()
+            except KeyboardInterrupt as e:
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted

@@ -3,7 +3,7 @@
 `SlurmTransport` is a `ProcessTransport` whose processes are the login host's: each command (and
 each file put and each tar-stream pull) becomes
 
-    srun --jobid J --overlap --nodelist NODE -N1 -n1 --quiet \
+    srun --jobid J --overlap --nodelist NODE -N1 -n1 --cpus-per-task=1 --export=ALL --quiet \
         bash --norc -c 'exec PYTHON -c "$1" "$2"' harness-step WRAPPER CMD
 
 run over the login host's own transport (SSH, or this machine). `--overlap` lets a step share the
@@ -98,8 +98,13 @@ def srun_command(job_id: str, node: str, command: str, *, python: str = "python3
         raise ValueError(f"not a Slurm job id: {job_id!r}")
     if not NODE_NAME.match(node):
         raise ValueError(f"not a Slurm node name: {node!r}")
+    # srun takes options from the environment too, and the harness may run inside a job of its own (a
+    # batch job on the cluster): its `--export=NONE` (SLURM_EXPORT_ENV) would start the step without
+    # PATH, its `-c N` (SRUN_CPUS_PER_TASK) ask more CPUs than the step has. Said on the command line,
+    # they are ours: the command line wins.
     return shlex.join(["srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}", "-N1", "-n1",
-                       "--quiet", "bash", "--norc", "-c", f'exec {shell_path(python)} -c "$1" "$2"', "harness-step",
+                       "--cpus-per-task=1", "--export=ALL", "--quiet",
+                       "bash", "--norc", "-c", f'exec {shell_path(python)} -c "$1" "$2"', "harness-step",
                        WRAPPER, command])
 
 

@@ -94,7 +94,8 @@ def test_salloc_gets_every_setting_as_one_quoted_word():
 def test_srun_runs_the_command_as_one_word_on_one_validated_node():
     command = "echo 'it''s' $HOME; rm -rf /tmp/x"
     words = shlex.split(srun_command("42", "gpu-node-1", command))
-    assert words[:8] == ["srun", "--jobid=42", "--overlap", "--nodelist=gpu-node-1", "-N1", "-n1", "--quiet", "bash"]
+    assert words[:10] == ["srun", "--jobid=42", "--overlap", "--nodelist=gpu-node-1", "-N1", "-n1",
+                          "--cpus-per-task=1", "--export=ALL", "--quiet", "bash"]
     assert words[-1] == command
     for job, node in (("42; reboot", "n1"), ("42", "n1 --uid=0"), ("42", "-n1"), ("", "n1")):
         with pytest.raises(ValueError):
