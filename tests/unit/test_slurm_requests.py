@@ -1,5 +1,5 @@
 """What is believed of Slurm's answers, and the names the harness gives its requests (the cluster
-itself: tests/e2e/test_slurm_review.py)."""
+itself: tests/e2e/test_slurm_faults.py)."""
 
 from __future__ import annotations
 
