@@ -62,9 +62,8 @@ def salloc_command(settings: SlurmSettings, *, nodes: int, name: str) -> str:
 
 def job_name(sweep_id: str, cluster: str) -> str:
     """A job name of this request alone: the sweep's id and group, and a random suffix. One sweep id
-    may ask twice at once (a `--resume` of a sweep still running elsewhere is refused its lock only
-    once its allocation came; two sweeps of one playbook started in the same second), and a request
-    that did not come is withdrawn by its name: that name must never be another sweep's job's."""
+    may ask twice at once (two sweeps of one playbook started in the same second), and a request that
+    did not come is withdrawn by its name: that name must never be another sweep's job's."""
     return f"harness-{sweep_id}-{cluster}"[:190] + f"-{secrets.token_hex(4)}"
 
 

@@ -218,10 +218,9 @@ def gpus() -> dict:
     def query(what: str, fields: str) -> list[list[str]]:
         out = subprocess.run(["nvidia-smi", f"--query-{what}={fields}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30).stdout
-        width = fields.count(",") + 1
+        tail = fields.count(",") - 1   # the fields after the name
         rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
-        return [r[:1] + [", ".join(r[1:len(r) - width + 2])] + r[len(r) - width + 2:] if len(r) > width else r
-                for r in rows]
+        return [[r[0], ", ".join(r[1:len(r) - tail]), *r[len(r) - tail:]] for r in rows]
     try:
         devices = [{"index": int(i), "name": n, "memory_used_mib": _mib(u), "memory_total_mib": _mib(t)}
                    for i, n, u, t in query("gpu", "index,name,memory.used,memory.total")]

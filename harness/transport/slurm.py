@@ -133,21 +133,28 @@ class _StepProcess:
         self._buf = bytearray(rest)
         return line
 
+    def _step(self, deadline: float) -> re.Match[bytes] | None:
+        """The wrapper's step line, past what the node's shell printed before it (BEFORE_LIMIT at most);
+        None when the stream ends first."""
+        first, before = None, 0
+        while (line := self._line(deadline, BEFORE_LIMIT)) is not None:
+            if found := STEP_LINE.match(line):
+                return found
+            first = line if first is None else first
+            before += len(line) + 1
+            if before > BEFORE_LIMIT:
+                raise RemoteError(f"srun's step began with {text(first[:80])!r} and no step id in "
+                                  f"{BEFORE_LIMIT >> 10} kB: not the harness's wrapper")
+        return None
+
     def read(self, deadline: float) -> bytes:
         if not self._open:
             return b""
         if not self._seen:
-            before, first = 0, None
-            while (line := self._line(deadline, BEFORE_LIMIT)) is not None and not STEP_LINE.match(line):
-                first, before = first if first is not None else line, before + len(line) + 1
-                if before > BEFORE_LIMIT:
-                    raise RemoteError(f"srun's step began with {text(first[:80])!r} and no step id in "
-                                      f"{BEFORE_LIMIT >> 10} kB: not the harness's wrapper")
-            if line is None:
+            found = self._step(deadline)
+            if found is None:
                 self._open = False
                 return b""   # it ended before the step line: srun never ran the command
-            found = STEP_LINE.match(line)
-            assert found is not None
             self._seen = True
             self._on_step(f"{found[1].decode()}.{found[2].decode()}")
         header = self._line(deadline)

@@ -86,16 +86,23 @@ def test_case3_an_unreachable_host_is_set_aside_with_bounded_backoff(tmp_path, s
     assert run.stderr.count("[node2] set aside") == 2  # the first attempt and one retry after a backoff
 
 
-def test_case10_a_killed_orchestrator_leaves_no_server_and_resume_reruns_only_the_unfinished(tmp_path,
-                                                                                            ssh_inventory):
+def killed_while_second_runs(tmp_path: Path, ssh_inventory, *, lease: float) -> tuple[Path, Path, Path]:
+    """A sweep of `first` (quick) and `second` (slow), its orchestrator SIGKILLed once first is done
+    and second's server listens: the playbook, inventory and results."""
     pb = playbook(tmp_path, profile="none", configs=[
         {"name": "first"}, {"name": "second", "env": {"HARNESS_SIM_TIME_SCALE": "1"}}])
     inv, out = ssh_inventory(), tmp_path / "r"
-    proc = start_sweep(pb, inv, out, "--lease", "4")
+    proc = start_sweep(pb, inv, out, "--lease", str(lease))
     assert wait_until(lambda: (out.exists() and any(out.glob("*/runs/first-1/manifest.json"))
                                and listening(port_of(pb))), 120), proc.communicate(timeout=5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    return pb, inv, out
+
+
+def test_case10_a_killed_orchestrator_leaves_no_server_and_resume_reruns_only_the_unfinished(tmp_path,
+                                                                                            ssh_inventory):
+    pb, inv, out = killed_while_second_runs(tmp_path, ssh_inventory, lease=4)
     assert wait_until(lambda: not listening(port_of(pb)), 60), "the watchdog did not stop the orphan"
     first = sweep_dir(out) / "runs" / "first-1" / "manifest.json"
     before = first.stat().st_mtime_ns
@@ -112,14 +119,7 @@ def test_a_run_in_flight_at_the_kill_and_removed_from_the_playbook_has_its_serve
     """Its server holds the port until its lease lapses (here far beyond the resume): the resume stops
     it as it stops any run found in flight. Before, only runs still in the playbook were reconciled,
     and the next run's preflight found the port taken and set the host aside."""
-    pb = playbook(tmp_path, profile="none", configs=[
-        {"name": "first"}, {"name": "second", "env": {"HARNESS_SIM_TIME_SCALE": "1"}}])
-    inv, out = ssh_inventory(), tmp_path / "r"
-    proc = start_sweep(pb, inv, out, "--lease", "600")
-    assert wait_until(lambda: (out.exists() and any(out.glob("*/runs/first-1/manifest.json"))
-                               and listening(port_of(pb))), 120), proc.communicate(timeout=5)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    pb, inv, out = killed_while_second_runs(tmp_path, ssh_inventory, lease=600)
     data = yaml.safe_load(pb.read_text())
     data["configs"] = [{"name": "first"}, {"name": "third"}]
     pb.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -130,6 +131,7 @@ class _Server:
 
     def __init__(self):
         self.body, self.status, self.length = VLLM_CPU.encode(), 200, True
+        self.drip = 0.0   # seconds before each byte of the body: the head at once, then a byte at a time
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -140,22 +142,36 @@ class _Server:
                 if owner.length:
                     self.send_header("Content-Length", str(len(owner.body)))
                 self.end_headers()
-                self.wfile.write(owner.body)
+                if not owner.drip:
+                    self.wfile.write(owner.body)
+                    return
+                self.wfile.flush()
+                for byte in owner.body:
+                    time.sleep(owner.drip)
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:
+                        return
 
             def log_message(self, *args):
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 @pytest.fixture
 def server():
     s = _Server()
     yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
+    s.close()
 
 
 def test_an_answer_over_the_limit_is_refused_with_or_without_its_length(server):

@@ -6,54 +6,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from harness.remote import telemetry as tm
+from tests.unit.test_telemetry import _Server
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class _Dripping:
-    """A loopback /metrics that sends its head at once, then its body a byte every 0.2 s (30 bytes)."""
-
-    def __init__(self):
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.0"
-
-            def do_GET(self):
-                body = b"vllm:num_requests_running 1\n"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.flush()
-                for byte in body:
-                    time.sleep(0.2)
-                    try:
-                        self.wfile.write(bytes([byte]))
-                        self.wfile.flush()
-                    except OSError:
-                        return
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
 def dripping():
-    s = _Dripping()
+    """A loopback /metrics that sends its head at once, then its body a byte every 0.2 s."""
+    s = _Server()
+    s.body, s.drip = b"vllm:num_requests_running 1\n", 0.2
     yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
+    s.close()
 
 
 def test_an_answer_sent_a_byte_at_a_time_is_cut_off_at_the_timeout(dripping):
