@@ -163,8 +163,10 @@ def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inve
     flag listing here lists flags only once the facts collection has begun writing: one after the other
     (the listing first), it would give up after a minute and list nothing, which fails the preflight."""
     facts = tmp_path / "remote-work" / "*" / ".host" / "node1" / "facts*" / "kernel.txt"
-    listing = (f"for _ in $(seq 600); do ls {facts} >/dev/null 2>&1 && break; sleep 0.1; done; "
-               f"ls {facts} >/dev/null 2>&1 && python -m sglang.launch_server --help")
+    # Seen once is enough: the facts' folder is renamed into place while the listing waits, and a second
+    # look between the shell's glob and ls's own would find neither name.
+    listing = (f"seen=; for _ in $(seq 600); do ls {facts} >/dev/null 2>&1 && {{ seen=1; break; }}; sleep 0.1; "
+               f"done; [ -n \"$seen\" ] && python -m sglang.launch_server --help")
     pb = yaml.safe_load(playbook(tmp_path, configs=[{"name": "one"}], profile="none").read_text())
     pb["server"]["help_command"] = listing
     (tmp_path / "playbook.yaml").write_text(yaml.safe_dump(pb))
