@@ -191,8 +191,20 @@ def _carries_text(obj: dict) -> bool:
 
 
 def _excerpt(data: bytes, limit: int = 200) -> str:
-    text = " ".join(data.decode("utf-8", "replace").split())
-    return (text[:limit] + "...") if len(text) > limit else (text or "(empty)")
+    return _clip(data.decode("utf-8", "replace"), limit) or "(empty)"
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """`text` on one line, at most `limit` characters: what a server says lands in requests.jsonl,
+    bench.json and the run's error, once a request."""
+    text = " ".join(text.split())
+    return (text[:limit] + "...") if len(text) > limit else text
+
+
+def _count(value: object) -> int | None:
+    """A token count as the server's usage gives it, or None when it is not one (a string, a
+    negative number): the level then counts the request's text chunks instead."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = None) -> Outcome:
@@ -241,7 +253,7 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = 
                 break
             usage = obj.get("usage")
             if usage:  # assigned, not added: usage on the last content chunk counts once
-                tokens, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+                tokens, prompt_tokens = _count(usage.get("completion_tokens")), _count(usage.get("prompt_tokens"))
             if _carries_text(obj):
                 times.append(t)
                 if running is not None and usage and isinstance(tokens, int):
@@ -253,6 +265,6 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = 
         if not seen_data and failure is None:
             failure = "not an event stream: " + _excerpt(b"".join(d for _, d in body))
     except (ValueError, AttributeError, TypeError) as e:  # bad chunk size, JSON or JSON shape
-        failure = f"malformed response: {e}"
-    return Outcome(sent_ns, end_ns, times, tokens, prompt_tokens, status, failure or error,
+        failure = f"malformed response: {_clip(str(e))}"
+    return Outcome(sent_ns, end_ns, times, tokens, prompt_tokens, status, _clip(failure, 1000) if failure else error,
                    running if running else None, empty)

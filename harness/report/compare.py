@@ -45,8 +45,8 @@ from harness.results import (
     SweepLayout,
     Unreadable,
     find_sweeps,
+    load_run,
     load_runs,
-    read_model,
     read_search,
     samples,
 )
@@ -208,7 +208,8 @@ def max_load_text(m: dict) -> str:
 
 
 def _row(config: str, runs: list[Sample]) -> dict:
-    ok = [s for s in runs if s.manifest.ok and s.level]
+    # a level bench.json contradicts as a whole (BenchFile.checked) gave no figure: not an ok run here
+    ok = [s for s in runs if s.manifest.ok and s.level and s.level.trusted]
     levels = [s.level for s in ok if s.level]
     first_level = next((s.level for s in runs if s.level), None)
     concurrency = first_level.concurrency if first_level else None
@@ -218,16 +219,20 @@ def _row(config: str, runs: list[Sample]) -> dict:
                  "request_rate": first_level.request_rate if first_level else None,
                  "probe": bool(first_level and first_level.probe),
                  "workload": first_level.workload.model_dump() if first_level and first_level.workload else None}
-    row["error"] = _why_no_figures(runs)
-    row["completed"] = sum(s.level.completed for s in runs if s.level)
-    row["failed"] = sum(s.level.failed for s in runs if s.level)
+    row["notes"] = list(dict.fromkeys([n for s in runs if s.level for n in s.run.level_notes(s.level)]
+                                      + [n for s in runs for n in s.run.file_notes]))
+    row["error"] = _why_no_figures(runs) or _notes_line(row["notes"])
+    row["runs_failed"] = sum(s.manifest.status == "failed" for s in runs)
+    counted = [s.level for s in runs if s.level and s.level.trusted]   # a refused level's counts are its lie
+    row["completed"] = sum(lv.completed for lv in counted)
+    row["failed"] = sum(lv.failed for lv in counted)
     for metric in DISTRIBUTIONS:
         for q in STATS:
             row[f"{metric}_{q}"] = _median([_figure(lv.stat(metric, q)) for lv in levels])
     for metric in ("output_tok_s", "requests_per_s", "tokens_per_chunk", "goodput_req_s", "achieved_rate_req_s"):
         row[metric] = _median([_figure(getattr(lv, metric)) for lv in levels])
     row["slo"] = next((lv.slo for lv in levels if lv.slo), None)
-    row["slo_met"] = None if row["slo"] is None else all(lv.slo_met for lv in levels if lv.slo is not None)
+    row["slo_met"] = _slo_met(row["slo"], [lv for lv in counted if lv.slo is not None], row["runs_failed"])
     row["schedule_lag_ms_p99"] = _median([lv.stat("schedule_lag_ms", "p99") for lv in levels])
     row["prompt_tokens_mismatches"] = sum(lv.prompt_tokens_mismatches for lv in levels)
     first = (ok or runs)[0]
@@ -237,7 +242,10 @@ def _row(config: str, runs: list[Sample]) -> dict:
     row["efficiency"] = roof["theoretical_ms"] / row["itl_ms_p50"] if roof and row["itl_ms_p50"] else None
     row["roofline"] = roof and {k: roof[k] for k in ("gpu", "bandwidth_gbs", "bandwidth_source", "gpus",
                                                      "context_tokens", "weight_bytes", "kv_bytes")}
-    row["itl_ms_p50_ci"], row["output_tok_s_ci"] = _intervals(ok)
+    itl_ci, tok_ci = _intervals(ok)
+    # an interval only beside its figure: a figure refused as not measured has no noise to judge
+    row["itl_ms_p50_ci"] = itl_ci if row["itl_ms_p50"] is not None else None
+    row["output_tok_s_ci"] = tok_ci if row["output_tok_s"] is not None else None
     row["launch"] = next((s.run.launch_command for s in ok if s.run.launch_command), None)
     row["analysis"] = _analysis(ok or runs)
     row["time_scale"] = _time_scale(ok or runs)
@@ -247,6 +255,25 @@ def _row(config: str, runs: list[Sample]) -> dict:
         for s in ok if s.level and s.run.telemetry is not None])
     row["telemetry_notes"] = list(dict.fromkeys(n for s in ok if s.run.telemetry for n in s.run.telemetry.notes()))
     return row
+
+
+def _slo_met(slo: dict | None, levels: Sequence[BenchLevel], runs_failed: int) -> bool | None:
+    """Whether the row's levels meet the SLO: False when any level (of any run, failed or not) misses
+    it; True only when every run is ok and every level says it meets it; None (not measured) else. A
+    failed repeat's level used to be left out, and the row shown as meeting the SLO."""
+    if slo is None:
+        return None
+    said = [lv.slo_met for lv in levels]
+    if False in said:
+        return False
+    return True if said and all(said) and not runs_failed else None
+
+
+def _notes_line(notes: list[str]) -> str | None:
+    """A row's notes as its one error line: the first, and how many more."""
+    if not notes:
+        return None
+    return notes[0] + (f" (and {len(notes) - 1} more)" if len(notes) > 1 else "")
 
 
 def _why_no_figures(runs: Sequence[Sample]) -> str | None:
@@ -271,15 +298,17 @@ def _why_no_figures(runs: Sequence[Sample]) -> str | None:
 def unreadable(paths: list[Path]) -> list[str]:
     """The run folders whose manifest.json is there but cannot be read (cut short, or not a manifest):
     compare and the report leave those runs out, and say so. A folder without one is a run still
-    going, not a fault."""
-    out = []
+    going, not a fault. Then every figure of a readable run that its bench.json contradicts (left out
+    as not measured: `RunResult.notes`), so that `harness compare` warns of it and the report lists it
+    with the failures."""
+    out, notes = [], []
     for sweep_dir in (s for p in paths for s in find_sweeps(p)):
         for layout in SweepLayout(sweep_dir).run_layouts():
             try:
-                read_model(layout.manifest, RunManifest)
+                notes += load_run(layout).notes
             except Unreadable as e:
                 out.append(f"{e} (run {layout.run_id} left out)")
-    return sorted(out)
+    return sorted(out) + notes
 
 
 def _time_scale(runs: Sequence[Sample]) -> float:
@@ -337,30 +366,70 @@ def workload_of(row: dict) -> tuple[str | None, str]:
     return row.get("scenario"), "request_rate" if row.get("request_rate") is not None else "concurrency"
 
 
+def flaws(rows: list[dict]) -> dict[str, str]:
+    """Why a configuration may not be named the winner, by configuration: a run of it failed, a level
+    (not a probe of max_load, whose losses merely miss the SLO) lost requests, or its bench.json
+    contradicts itself. Its figures stay in the table; a winner is named among the others."""
+    out: dict[str, str] = {}
+    for r in rows:
+        if r.get("runs_failed"):
+            why = f"{r['runs_failed']} failed run{'s' if r['runs_failed'] > 1 else ''}"
+        elif r.get("failed") and not r.get("probe"):
+            why = f"{r['failed']} failed requests at {load_label(r)}"
+        elif r.get("notes"):
+            why = "figures its bench.json contradicts"
+        else:
+            continue
+        out.setdefault(r["config"], why)
+    return out
+
+
 def winner(rows: list[dict]) -> dict | None:
     """The configuration of most tok/s at the highest load measured of one workload (the first the rows
     hold: its scenario and load kind; another scenario's rows are other work, not rivals), whether the
-    intervals show it ahead of the next one, and its launch command."""
-    ok = [r for r in rows if r["ok"] and r.get("output_tok_s") and not r.get("probe")]
+    intervals show it ahead of the next one, and its launch command.
+
+    Never one with failures (`flaws`): a level that lost requests serves the rest faster, a failed
+    repeat leaves only its lucky runs. The load is the highest that the most configurations measured:
+    a level only one configuration has (missing from the others, or one a host made up) is no contest
+    won. The configurations left out are named (`left_out`), each with why."""
+    flawed = flaws(rows)
+    ok = [r for r in rows if r["ok"] and r.get("output_tok_s") and not r.get("probe") and r["config"] not in flawed]
     if not ok:
         return None
     workloads = list(dict.fromkeys(map(workload_of, ok)))
     scenario, kind = workloads[0]
+    measured_some = {r["config"] for r in rows if r["concurrency"] is not None or r.get("request_rate") is not None}
+    # rivals: the workload's configurations, and those whose runs all failed before measuring anything
+    rivals = list(dict.fromkeys(r["config"] for r in rows
+                                if workload_of(r) == (scenario, kind) or r["config"] not in measured_some))
     ok = [r for r in ok if workload_of(r) == (scenario, kind)]
 
     def load(row: dict) -> float:
         return (row["request_rate"] if kind == "request_rate" else row["concurrency"]) or 0
 
-    top = max(map(load, ok))
+    measured = {x: len({r["config"] for r in ok if load(r) == x}) for x in map(load, ok)}
+    top = max(measured, key=lambda x: (measured[x], x))
     at = sorted((r for r in ok if load(r) == top), key=lambda r: -r["output_tok_s"])
     best, second = at[0], (at[1] if len(at) > 1 else None)
     judged = second and noise.verdict(best.get("output_tok_s_ci"), second.get("output_tok_s_ci"),
                                       higher_is_better=True)
+    there = {r["config"] for r in at}
+    where = f"{top:g} req/s" if kind == "request_rate" else f"concurrency {top:g}"
+    left_out = [f"{c} ({flawed.get(c) or f'no figure at {where}'})" for c in rivals if c not in there]
     return {"config": best["config"], "concurrency": best["concurrency"], "request_rate": best.get("request_rate"),
             "scenario": scenario, "workloads": len(workloads), "output_tok_s": best["output_tok_s"],
             "ci": best.get("output_tok_s_ci"), "runner_up": second and second["config"],
             "runner_up_tok_s": second and second["output_tok_s"],
-            "runner_up_ci": second and second.get("output_tok_s_ci"), "verdict": judged, "launch": best.get("launch")}
+            "runner_up_ci": second and second.get("output_tok_s_ci"), "verdict": judged, "launch": best.get("launch"),
+            "left_out": left_out}
+
+
+def no_winner_text(rows: list[dict]) -> str | None:
+    """Why no winner is named although some configuration has figures (each has failures), else None."""
+    if winner(rows) is not None or not any(r["ok"] and r.get("output_tok_s") for r in rows):
+        return None
+    return "no winner: " + "; ".join(f"{c}: {why}" for c, why in flaws(rows).items())
 
 
 def launch_line(rows: list[dict]) -> str | None:
@@ -388,6 +457,8 @@ def winner_text(w: dict) -> str:
             said = "one run each" if len(single) == 2 else f"{single[0]} has one run" if single else "too few runs"
             line += (f"; {w['runner_up']} next ({_fmt(w['runner_up_tok_s'])} tok/s), {said}: no interval "
                      "(`repeat:` 3 or more judges the noise)")
+    if w.get("left_out"):
+        line += f"; left out: {', '.join(w['left_out'])}"
     return line + (f"\nlaunch: {w['launch']}" if w.get("launch") else "")
 
 
@@ -495,7 +566,9 @@ def table(rows: list[dict], *, title: str = "configurations"):
         parts.append(Text(printable(notes_load)))
     if note := time_note(rows):
         parts.append(Text(printable(f"note: {note}."), style="yellow"))
-    problems = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
+    problems = [f"{r['config']}: {r['error']}" for r in rows
+                if r.get("error") and r["error"] != _notes_line(r.get("notes") or [])]
+    problems += [f"{r['config']}: {n}" for r in rows for n in r.get("notes") or []]
     problems += [f"{r['config']}: {r['profile_warning']}" for r in rows if r.get("profile_warning")]
     problems += [f"reference missed: {m['message']}" for r in rows for m in r.get("misses") or []]
     if problems:
@@ -507,6 +580,8 @@ def table(rows: list[dict], *, title: str = "configurations"):
         parts.append(Text(""))
     best = winner(rows)   # its launch command follows the table, whole (`launch_line`): it is there to be copied
     ending = [Text(""), Text(printable(winner_text(best).partition("\n")[0]), style="bold")] if best else []
+    if (none := no_winner_text(rows)) is not None:
+        ending = [Text(""), Text(printable(none), style="bold red")]
     return Group(*parts, *([kernels] if kernels else []), *ending)
 
 

@@ -9,6 +9,7 @@ results folder always gives the same intervals.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -24,7 +25,10 @@ LEVEL = 0.95
 
 def bootstrap_ci(values: Sequence[float], *, stat: Callable[[Sequence[float]], float] = statistics.median,
                  resamples: int = RESAMPLES, level: float = LEVEL, random_state: int = 0) -> tuple[float, float] | None:
-    """The `level` percentile interval of `stat` over resamples of `values`; None for fewer than two."""
+    """The `level` percentile interval of `stat` over resamples of `values`; None for fewer than two.
+    A value that is no measurement (NaN, an infinity) is left out: sorted with the others it would put
+    the interval anywhere."""
+    values = [v for v in values if math.isfinite(v)]
     if len(values) < 2:
         return None
     rng = random.Random(random_state)
@@ -39,7 +43,7 @@ def grouped_ci(groups: Sequence[Sequence[float]], *, resamples: int = RESAMPLES,
     stay together: they are not independent of each other)."""
     import numpy as np  # only here: the other commands start without it
 
-    kept = [np.sort(np.asarray(g, dtype=float)) for g in groups if g]
+    kept = [np.sort(np.asarray(g, dtype=float)) for g in groups if g and all(map(math.isfinite, g))]
     if len(kept) < 2:
         return None
     picks = random.Random(random_state).choices(range(len(kept)), k=len(kept) * resamples)
@@ -77,11 +81,17 @@ def _pooled_medians(groups: list[NDArray[np.float64]], times: NDArray[np.int64])
 
 def verdict(ci: tuple[float, float] | None, ref: tuple[float, float] | None, *,
             higher_is_better: bool) -> str | None:
-    """"better", "worse" or "within noise" against the reference's interval; None without both."""
-    if ci is None or ref is None:
+    """"better", "worse" or "within noise" against the reference's interval; None without both, or
+    when either is no interval (a bound NaN or infinite, or its low end above its high end): NaN compares
+    false both ways, which read as "within noise", and an inverted interval as a verdict it cannot carry."""
+    if ci is None or ref is None or not (_interval(ci) and _interval(ref)):
         return None
     if ci[0] > ref[1]:
         return "better" if higher_is_better else "worse"
     if ci[1] < ref[0]:
         return "worse" if higher_is_better else "better"
     return "within noise"
+
+
+def _interval(ci: tuple[float, float]) -> bool:
+    return len(ci) == 2 and all(map(math.isfinite, ci)) and ci[0] <= ci[1]

@@ -16,9 +16,10 @@ writes a file: `harness.results.store` does, through `read_model` and `write_mod
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
 from harness.errors import Kind
 
@@ -288,6 +289,26 @@ class BenchLevel(Record):
     slo_met: bool | None = None
     goodput_req_s: float | None = None
 
+    _not_measured: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def not_measured(self) -> dict[str, str]:
+        """The fields the reader refused as inconsistent (`check_level`), each with why; the key
+        `level` when the whole level was refused. Empty for a file read as written."""
+        return self._not_measured
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the level's figures stand: False when the reader refused the level as a whole."""
+        return WHOLE_LEVEL not in self._not_measured
+
+    @property
+    def label(self) -> str:
+        """The level as a person names it: `concurrency 8`, `chat rate 2.5/s`, with `probe` for a probe."""
+        head = f"{self.scenario} " if self.scenario else ""
+        load = f"rate {self.request_rate:g}/s" if self.request_rate is not None else f"concurrency {self.concurrency}"
+        return head + load + (" probe" if self.probe else "")
+
     @property
     def load(self) -> float | None:
         """The level's load: its request rate in an open loop, else its concurrency."""
@@ -328,6 +349,193 @@ class BenchFile(Versioned):
     random_state: int | None = None
     levels: list[BenchLevel] = Field(default_factory=list)
     max_load: MaxLoadResult | None = None
+    _not_measured: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def not_measured(self) -> dict[str, str]:
+        """What of the file beside its levels the reader refused (`max_load`), each with why."""
+        return self._not_measured
+
+    def checked(self, *, bench_s: float | None = None, max_tokens: int | None = None) -> BenchFile:
+        """The file with every figure that `check_level` refuses set to None (not measured, as NaN is),
+        each level's refusals in its `not_measured`; the file itself when nothing is refused, so a
+        consistent file reads exactly as written. `bench_s`: the benchmark phase's wall time as the
+        orchestrator measured it (the manifest's `phases.bench`); `max_tokens`: the output tokens a
+        request asked for when the request body overrode the file's own (`extra_body`)."""
+        found = [check_level(lv, bench_s=bench_s, max_tokens=max_tokens or (
+            lv.workload.output_tokens if lv.workload is not None else self.max_tokens)) for lv in self.levels]
+        levels = []
+        for level, faults in zip(self.levels, found, strict=True):
+            if faults:
+                dropped = FIGURES if WHOLE_LEVEL in faults else [f for f in faults if f in FIGURES]
+                level = level.model_copy(update=dict.fromkeys(dropped))
+                level._not_measured = faults
+            levels.append(level)
+        search = _max_load_fault(self.max_load, levels) if self.max_load is not None else None
+        if not any(found) and search is None:
+            return self
+        out = self.model_copy(update={"levels": levels} | ({"max_load": None} if search else {}))
+        out._not_measured = {"max_load": search} if search else {}
+        return out
+
+
+# --- bench.json: what a level must be to be believed ---------------------------------------------------
+# A bench.json is written on the host and read here: NaN, infinities and negative figures are shown as not
+# measured (compare's `_figure`), and so is a level whose finite figures cannot all be true at once. bench.py
+# writes every figure unrounded (json.dumps of the float it computed: a rate is one division of the
+# numbers beside it), so the tolerances below are far wider than any rounding; a file of an older or
+# another client that rounds still reads. The orchestrator rounds its phase times to the millisecond and
+# its clock and the host's may drift apart by a fraction of a percent.
+
+WHOLE_LEVEL = "level"
+"""The key of `BenchLevel.not_measured` that refuses a level as a whole."""
+
+FIGURES = ["output_tok_s", "requests_per_s", "goodput_req_s", "slo_met", "achieved_rate_req_s",
+           "tokens_per_chunk", "decode", *DISTRIBUTIONS, "schedule_lag_ms"]
+"""What a level refused as a whole loses (set to None): every figure compare, the report and the search read."""
+
+REL_TOL = 0.01
+"""How far a rate may stray from the division it is (1%): bench.py's own is exact."""
+PHASE_SLACK_S = 1.0
+"""Seconds a level may outlast the benchmark phase (beyond REL_TOL of it): the phase is rounded to the
+millisecond, measured on another clock."""
+MAX_COUNT = 10**12
+"""More requests or tokens than this in one level is no benchmark (and would overflow a float division)."""
+NS_MAX = 2**63
+"""time.monotonic_ns() fits in 64 bits."""
+
+
+def _number(value: Any) -> float | None:
+    """A finite figure, else None (NaN and the infinities are already not measured; nothing to check)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _near(value: float, expected: float) -> bool:
+    return abs(value - expected) <= REL_TOL * abs(expected) + 1e-9
+
+
+def _distribution_fault(dist: Distribution) -> str | None:
+    """Why a distribution cannot be one (its order statistics out of order, the mean outside them, a
+    negative spread), or None. Interpolated percentiles and an fsum mean may stray by an ulp: 1e-6 of
+    the largest value is allowed."""
+    values = {q: v for q in ("min", "p50", "p90", "p95", "p99", "max") if (v := _number(getattr(dist, q))) is not None}
+    slack = 1e-6 * max([abs(v) for v in values.values()] + [1.0])
+    ordered = list(values.items())
+    for (qa, a), (qb, b) in zip(ordered, ordered[1:], strict=False):
+        if a > b + slack:
+            return f"{qa} {a:g} above {qb} {b:g}"
+    mean, std = _number(dist.mean), _number(dist.std)
+    low, high = values.get("min"), values.get("max")
+    if mean is not None and low is not None and high is not None and not low - slack <= mean <= high + slack:
+        return f"mean {mean:g} outside min..max"
+    if std is not None and std < -slack:
+        return f"std {std:g} below 0"
+    if std is not None and low is not None and high is not None and std > high - low + slack:
+        return f"std {std:g} wider than max - min"
+    return None
+
+
+def check_level(level: BenchLevel, *, max_tokens: int | None = None, bench_s: float | None = None) -> dict[str, str]:
+    """What in one level of bench.json cannot be true, as {field: why}; WHOLE_LEVEL when what is wrong
+    is what every figure rests on (its counts, its duration, its clock). `max_tokens`: what each request
+    asked for (a request may produce one more, an engine's closing token, before it is called absurd).
+    Only what the level gives is checked: a file without `duration_s` or `requests` (an older client's)
+    is not at fault for it."""
+    whole = _whole_level_fault(level, max_tokens, bench_s)
+    if whole is not None:
+        return {WHOLE_LEVEL: whole}
+    out: dict[str, str] = {}
+    duration = _number(level.duration_s)
+    rates = [("output_tok_s", level.output_tokens, "output_tokens"), ("requests_per_s", level.completed, "completed"),
+             ("goodput_req_s", level.slo_met_requests, "slo_met_requests")]
+    for field, count, name in rates:
+        rate = _number(getattr(level, field))
+        if rate is None or count is None or duration is None:
+            continue
+        if duration == 0:
+            out[field] = f"{rate:g} over a duration_s of 0"
+        elif not _near(rate, count / duration):
+            out[field] = (f"{rate:g} disagrees with {name} / duration_s "
+                          f"({count} / {duration:g} s = {count / duration:g})")
+    if level.slo_met_requests is not None and not 0 <= level.slo_met_requests <= level.completed:
+        out["goodput_req_s"] = f"slo_met_requests {level.slo_met_requests} is not within 0..completed {level.completed}"
+    if "goodput_req_s" in out:
+        out["slo_met"] = "its goodput is not measured"
+    for field in (*DISTRIBUTIONS, "schedule_lag_ms"):
+        dist = getattr(level, field)
+        if dist is not None and (why := _distribution_fault(dist)) is not None:
+            out[field] = why
+    if level.slo_met and "slo_met" not in out and (why := _slo_met_fault(level, out)) is not None:
+        out["slo_met"] = why
+    return out
+
+
+def _slo_met_fault(level: BenchLevel, refused: dict[str, str]) -> str | None:
+    """Why a level's `slo_met: true` cannot be (levels.level_meets: no request failed, something
+    completed, each bound holds for the level's own statistic), or None."""
+    if level.failed or not level.completed:
+        return f"true with {level.failed} failed and {level.completed} completed requests"
+    for metric, bound in (level.slo or {}).items():
+        name, _, stat = metric.rpartition("_")
+        if name in refused:
+            return f"true where {name} is not measured"
+        value = _number(level.stat(name, stat)) if name in DISTRIBUTIONS else None
+        if value is not None and value > bound * (1 + 1e-9):
+            return f"true where {metric} is {value:g}, above its bound {bound:g}"
+    return None
+
+
+def _max_load_fault(found: MaxLoadResult, levels: list[BenchLevel]) -> str | None:
+    """Why a max_load answer is not what its probes found, or None: each probe must name a probe level
+    of its load (`level`: an index into levels) that the reader kept and whose `slo_met` is the probe's
+    `met`, and the answer must be the highest load a probe met (None when none met)."""
+    met = []
+    for probe in found.probes:
+        index, load = probe.get("level"), probe.get("load")
+        level = levels[index] if isinstance(index, int) and not isinstance(index, bool) \
+            and 0 <= index < len(levels) else None
+        if level is None or not level.probe or level.load != load:
+            return f"its probe at {load} names no probe level of that load (level {index})"
+        if not level.trusted or level.slo_met is None:
+            return f"its probe at {load} is a level whose figures are not measured"
+        if bool(probe.get("met")) != level.slo_met:
+            return f"its probe at {load} says met {probe.get('met')} where its level says slo_met {level.slo_met}"
+        if level.slo_met:
+            met.append(level.load)
+    best = max((x for x in met if x is not None), default=None)
+    if found.value != best or found.met != (best is not None):
+        return f"value {found.value} (met {found.met}) is not the highest load its probes met ({best})"
+    return None
+
+
+def _whole_level_fault(level: BenchLevel, max_tokens: int | None, bench_s: float | None) -> str | None:
+    """Why none of a level's figures can be believed (its counts, duration or clock), or None."""
+    counts = {"requests": level.requests, "completed": level.completed, "failed": level.failed,
+              "output_tokens": level.output_tokens, "slo_met_requests": level.slo_met_requests}
+    for name, value in counts.items():
+        if value is not None and not 0 <= value <= MAX_COUNT:
+            return f"{name} {value} is not a count"
+    if level.requests is not None and level.completed + level.failed != level.requests:
+        return (f"completed {level.completed} + failed {level.failed} is not requests {level.requests}"
+                if level.completed <= level.requests else
+                f"completed {level.completed} is more than requests {level.requests}")
+    if level.output_tokens is not None and max_tokens is not None and max_tokens > 0 \
+            and level.output_tokens > level.completed * (max_tokens + 1):
+        return (f"output_tokens {level.output_tokens} is more than completed {level.completed} x "
+                f"{max_tokens} tokens asked of each")
+    duration = level.duration_s
+    if duration is not None and not (math.isfinite(duration) and duration >= 0):
+        return f"duration_s {duration:g} is not a duration"
+    start, end = level.started_ns, level.ended_ns
+    if start is not None and end is not None:
+        if not 0 <= start <= end < NS_MAX:
+            return f"started_ns {start} and ended_ns {end} are not a span of time.monotonic_ns()"
+        if duration is not None and not _near(duration, (end - start) / 1e9) \
+                and abs(duration - (end - start) / 1e9) > 1e-3:
+            return f"duration_s {duration:g} disagrees with ended_ns - started_ns ({(end - start) / 1e9:g} s)"
+    if duration is not None and bench_s is not None and duration > bench_s * (1 + REL_TOL) + PHASE_SLACK_S:
+        return f"duration_s {duration:g} is longer than the whole benchmark phase ({bench_s:g} s, measured here)"
+    return None
 
 
 # --- telemetry.jsonl ---------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from pydantic import BaseModel, ValidationError
 from harness.errors import InputError
 from harness.results.layout import RunLayout, SweepLayout
 from harness.results.models import (
+    MAX_COUNT,
+    WHOLE_LEVEL,
     AnalysisFile,
     BenchFile,
     BenchLevel,
@@ -111,6 +113,25 @@ class RunResult:
     def levels(self) -> list[BenchLevel]:
         return self.bench.levels if self.bench else []
 
+    def level_notes(self, level: BenchLevel) -> list[str]:
+        """Why figures of one of its levels are not measured (bench.json contradicts itself), naming the
+        run, the level and the field: `tp8-1: bench.json concurrency 8: output_tok_s 1e+308 disagrees
+        with ...: not measured`."""
+        return [f"{self.manifest.run_id}: {self.layout.bench.name} {level.label}: "
+                + (f"{why}: the level is not measured" if field == WHOLE_LEVEL else f"{field} {why}: not measured")
+                for field, why in level.not_measured.items()]
+
+    @property
+    def file_notes(self) -> list[str]:
+        """Why what bench.json says beside its levels (its max_load) is not measured, naming the run."""
+        return [f"{self.manifest.run_id}: {self.layout.bench.name}: {field} {why}: not measured"
+                for field, why in (self.bench.not_measured.items() if self.bench else ())]
+
+    @property
+    def notes(self) -> list[str]:
+        """Every level's `level_notes`, in level order, then the `file_notes`."""
+        return [note for level in self.levels for note in self.level_notes(level)] + self.file_notes
+
     @cached_property
     def analysis(self) -> AnalysisFile | None:
         return maybe_read(self.layout.analysis, AnalysisFile)
@@ -193,10 +214,45 @@ def read_telemetry(path: Path) -> TelemetryFile | None:
         return None
 
 
+MAX_BENCH_BYTES = 64 << 20
+"""A bench.json larger than this is not read: bench.py writes a few kB a level."""
+
+
 def load_run(layout: RunLayout) -> RunResult:
-    """One run folder; Unreadable when its manifest is (its bench.json counts as absent then)."""
+    """One run folder; Unreadable when its manifest is (its bench.json counts as absent then).
+
+    This is where every reader (compare, report, search) gets a run's bench.json, so this is where it is
+    checked: each level against itself and against the benchmark phase the orchestrator timed, the
+    figures that cannot be true set to None (`BenchFile.checked`) and named in `RunResult.notes`."""
     manifest = read_model(layout.manifest, RunManifest)
-    return RunResult(layout, manifest, maybe_read(layout.bench, BenchFile) if layout.bench.exists() else None)
+    return RunResult(layout, manifest, read_bench(layout.bench, manifest))
+
+
+def read_bench(path: Path, manifest: RunManifest | None = None) -> BenchFile | None:
+    """bench.json as its model, checked (`BenchFile.checked`) against the run's manifest when there is
+    one; None when missing, too large or unreadable."""
+    try:
+        if Path(path).stat().st_size > MAX_BENCH_BYTES:
+            return None
+    except OSError:
+        return None
+    bench = maybe_read(path, BenchFile)
+    if bench is None:
+        return None
+    return bench.checked(bench_s=manifest.seconds("bench") if manifest else None,
+                         max_tokens=asked_tokens(manifest.benchmark) if manifest else None)
+
+
+def asked_tokens(benchmark: dict[str, Any] | None) -> int | None:
+    """The output tokens each request asked for when the playbook's `extra_body` overrode bench.json's
+    own (it is sent last, over max_tokens), else None."""
+    extra = (benchmark or {}).get("extra_body")
+    if not isinstance(extra, dict):
+        return None
+    asked = [extra[k] for k in ("max_tokens", "max_completion_tokens", "max_new_tokens") if k in extra]
+    if any(not isinstance(v, int) or isinstance(v, bool) for v in asked):
+        return MAX_COUNT   # a limit this reader cannot read: none it can hold a level to
+    return max(asked) if asked else None
 
 
 def read_sweep(sweep: SweepLayout) -> SweepRecord | None:

@@ -71,6 +71,26 @@ def test_an_error_event_on_a_200_stream_fails_the_request_with_its_message(name,
         assert len(outcome.times) == 1
 
 
+def test_a_server_s_long_error_is_cut_to_an_excerpt_on_one_line():
+    """An error event of a megabyte (a server echoing the prompt back) is written into requests.jsonl,
+    bench.json and the run's error once a request: an excerpt of it is."""
+    event = b'data: {"object": "error", "message": "' + b"x\\n" * 350_000 + b'"}\n\n'
+    for outcome in (parse_exchange(0, 10, [(1, response([event], framing))]) for framing in ("chunked", "close")):
+        assert outcome.error.startswith("x x x") and outcome.error.endswith("...") and len(outcome.error) < 1100
+
+
+def test_a_token_count_that_is_not_a_whole_number_counts_the_text_chunks_instead():
+    """A server that sends `"completion_tokens": "3"` or -1 has sent no count: the level counts the request's
+    chunks rather than failing on a string (a TypeError in the summary once failed the whole run)."""
+    events = [b'data: {"choices": [{"text": "a"}]}\n\n', b'data: {"choices": [{"text": "b"}], '
+              b'"usage": {"completion_tokens": "3", "prompt_tokens": -1}}\n\n', b"data: [DONE]\n\n"]
+    outcome = parse_exchange(0, 10 * MS, [(1 * MS, response(events, "close"))])
+    assert (outcome.error, outcome.tokens, outcome.prompt_tokens) == (None, None, None)
+    level, (record,) = summarize_level(1, [outcome])
+    assert (record["output_tokens"], record["tokens_from"]) == (2, "chunks")
+    assert (level["completed"], level["output_tokens"]) == (1, 2)
+
+
 def test_a_chunk_is_stamped_by_the_read_that_completes_it_and_a_shared_read_shares_the_stamp():
     raw = response(events_of("sglang_completions.txt"), "close")
     first = raw.index(b"data:") + 40                      # the first event split across two reads
