@@ -431,7 +431,7 @@ def compare(results: list[Path],
         sys.stdout.write({"json": cmp.as_json, "csv": cmp.as_csv, "markdown": cmp.as_markdown}[format](rows))
     else:
         raise InputError(f"unknown format {format!r}: table, json, csv or markdown", key="--format")
-    for line in cmp.unreadable(results):
+    for line in cmp.unreadable(results) + cmp.not_measured(results):
         _show(err, f"warning: {line}", highlight=False, soft_wrap=True)
     misses = [m["message"] for r in rows for m in r["misses"]]
     if misses:

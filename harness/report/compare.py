@@ -16,12 +16,13 @@ are then the simulator's wall clock while its traces keep the modelled GPU's tim
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from harness.report.plain import PlainTable, printable
 from harness.report.references import check_references, references_of
 from harness.results import (
     BenchLevel,
+    RunLayout,
     RunManifest,
     RunResult,
     SweepLayout,
@@ -298,17 +300,28 @@ def _why_no_figures(runs: Sequence[Sample]) -> str | None:
 def unreadable(paths: list[Path]) -> list[str]:
     """The run folders whose manifest.json is there but cannot be read (cut short, or not a manifest):
     compare and the report leave those runs out, and say so. A folder without one is a run still
-    going, not a fault. Then every figure of a readable run that its bench.json contradicts (left out
-    as not measured: `RunResult.notes`), so that `harness compare` warns of it and the report lists it
-    with the failures."""
-    out, notes = [], []
-    for sweep_dir in (s for p in paths for s in find_sweeps(p)):
-        for layout in SweepLayout(sweep_dir).run_layouts():
-            try:
-                notes += load_run(layout).notes
-            except Unreadable as e:
-                out.append(f"{e} (run {layout.run_id} left out)")
-    return sorted(out) + notes
+    going, not a fault."""
+    out = []
+    for layout in _run_layouts(paths):
+        try:
+            load_run(layout)
+        except Unreadable as e:
+            out.append(f"{e} (run {layout.run_id} left out)")
+    return sorted(out)
+
+
+def not_measured(paths: list[Path]) -> list[str]:
+    """Every figure of a readable run that its bench.json contradicts (`RunResult.notes`): left out of
+    the table as not measured, and said once more on stderr by `harness compare`."""
+    notes = []
+    for layout in _run_layouts(paths):
+        with contextlib.suppress(Unreadable):
+            notes += load_run(layout).notes
+    return notes
+
+
+def _run_layouts(paths: list[Path]) -> Iterator[RunLayout]:
+    return (layout for p in paths for s in find_sweeps(p) for layout in SweepLayout(s).run_layouts())
 
 
 def _time_scale(runs: Sequence[Sample]) -> float:

@@ -247,7 +247,7 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 def _failures(runs: list[RunResult]) -> list[dict]:
     """Failed runs with their reason and the end of the server's log; skipped runs and ok runs that
     left no benchmark results (nothing of theirs is in the figures); failed profiles too (the run
-    stands, but the breakdown is missing)."""
+    stands, but the breakdown is missing); figures its bench.json contradicts, left out as not measured."""
     out = []
     for run in runs:
         m = run.manifest
@@ -269,6 +269,8 @@ def _failures(runs: list[RunResult]) -> list[dict]:
         elif m.profile is not None and m.profile.status == "failed":
             out.append({"run_id": m.run_id, "host": m.host.name, "kind": "profile",
                         "message": m.profile.error, "log_tail": m.profile.hint})
+        out += [{"run_id": m.run_id, "host": m.host.name, "kind": "not measured", "message": note,
+                 "log_tail": None} for note in run.notes]
     return out
 
 

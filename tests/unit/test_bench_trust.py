@@ -92,7 +92,7 @@ def test_what_the_benchmark_client_writes_reads_exactly_as_written(serve, counti
         raw = BenchFile.model_validate(json.loads((run / "bench.json").read_text()))
         assert read.notes == [] and read.bench is not None, read.notes
         assert read.bench.dump() == raw.dump() and raw.checked(bench_s=600.0) is raw
-    assert files["scenarios"]["max_load"]["probes"] and compare.unreadable([sweep]) == []
+    assert files["scenarios"]["max_load"]["probes"] and compare.not_measured([sweep]) == []
 
 
 # ---- each way a level cannot be true -----------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_a_run_whose_figures_contradict_themselves_never_wins_and_compare_says_w
     table = " ".join(shown(compare.table(rows)).split())
     assert "winner at concurrency 4: honest-1" in table and "output_tok_s 1e+308 disagrees" in table
     assert "1e+308" not in " ".join(shown(compare.table(rows)).split("\n")[:8])   # never as a figure
-    assert any("liar-1: bench.json" in line for line in compare.unreadable([sweep]))   # compare warns, the
+    assert any("liar-1: bench.json" in line for line in compare.not_measured([sweep]))   # compare warns, the
     assert "output_tok_s 1e+308 disagrees with output_tokens" in render_report([sweep])  # report lists it
 
 
