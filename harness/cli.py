@@ -471,31 +471,39 @@ def status(results: Path, format: Format = TableOrJson.table):
 def reproduce(run_dir: Path, inventory: Inventory = Path("inventory.yaml"),
               host: Annotated[str | None,
                               typer.Option(help="host or group to run on; default: the recorded one")] = None,
-              output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results")):
+              output: Annotated[Path, typer.Option("-o", "--output", help="results directory")] = Path("results"),
+              model_path: Annotated[str | None, typer.Option("--model-path", help="the model's path on the host "
+                                                             "it runs on now, where it differs from the "
+                                                             "recorded model.path")] = None):
     """Run a recorded run again from its directory alone, and show what differs."""
     from harness.executor import Executor
     from harness.report.live import Display
     from harness.report.reproduce_view import render_comparison
-    from harness.reproduce import compare_runs, prepare
+    from harness.reproduce import compare_runs, reproduction
     from harness.results import SweepLayout
     from harness.slurm import allocations
 
     _writable(output, "--output", directory=True)
-    sw = prepare(run_dir, inventory, host=host, results=output)
-    with allocations(sw, log=_say) as (sw, connect):
-        out.print(Text.assemble("reproducing ", (str(run_dir), "bold"),
-                                f" on {sw.hosts[0].name} as sweep {sw.sweep_id}"))
+    with (reproduction(run_dir, inventory, host=host, results=output, model_path=model_path) as prepared,
+          allocations(prepared, log=_say) as (sw, connect)):
+        _show(out, f"reproducing {run_dir} on {', '.join(h.name for h in sw.hosts)} as sweep {sw.sweep_id}"
+              + (f", model.path {model_path}" if model_path is not None else ""))
         outcome = Executor(sw, output, events=Display(err), argv=sys.argv[1:], connect=connect).run()
     if outcome.interrupted:
+        _show(err, f"interrupted: the reproduction did not finish; what it left is in {outcome.sweep_dir}")
         raise typer.Exit(130)
+    if outcome.fatal or len(outcome.manifests) != 1:
+        raise HarnessError(outcome.fatal or f"the reproduction recorded no run in {outcome.sweep_dir}")
     (manifest,) = outcome.manifests
     new_dir = SweepLayout(outcome.sweep_dir).run(manifest.run_id).dir
-    out.print(render_comparison(compare_runs(run_dir, new_dir), before=f"original ({run_dir.name})",
-                                after=f"now ({sw.hosts[0].name})"))
+    out.print(render_comparison(compare_runs(run_dir, new_dir), before=f"original ({run_dir.resolve().name})",
+                                after=f"now ({manifest.host.name or sw.hosts[0].name})"))
     _show(out, f"results: {outcome.sweep_dir}")
     if not manifest.ok:
-        err.print(Text.assemble(("the reproduced run failed: ", "red"),
-                                manifest.error.message if manifest.error else "no error recorded"))
+        why = (manifest.error.message if manifest.error else manifest.skipped) or "no error recorded"
+        said = "the reproduced run failed: " if manifest.status == "failed" else "the reproduced run did not start: "
+        err.print(Text.assemble((said, "red"), printable(why)),
+                  highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -19,6 +19,8 @@ import datetime as dt
 import difflib
 import os
 import re
+import shlex
+import shutil
 import statistics
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +53,11 @@ def load_run(run_dir: Path) -> RunManifest:
     template = manifest.template or {}
     if not isinstance(manifest.playbook, dict) or not isinstance(template.get("files"), dict):
         missing = "playbook" if not isinstance(manifest.playbook, dict) else "template"
+        if manifest.status == "skipped" or (not manifest.ok and not manifest.phases):   # `unrun_manifest`'s
+            why = manifest.skipped or (manifest.error.message if manifest.error else None) or "no reason recorded"
+            raise InputError(f"the run never started ({manifest.status}: {why}): its folder records nothing "
+                             "to run again; run its sweep's playbook instead", file=str(layout.manifest),
+                             key="status")
         raise InputError(f"the manifest has no `{missing}` record: it was written by an older harness and "
                          "cannot be reproduced from the directory alone", file=str(layout.manifest))
     # a run directory may come from anyone: its names must not lead a write out of the results folder
@@ -69,47 +76,161 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.j2$")
 
 
-def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path) -> Sweep:
+WORKSPACE = ".reproduce"
+"""Beside the results: each reproduction's copy of the recorded playbook and templates, in a folder
+of its own (`<run_id>-<time>`), which the reproduction's sweep.json names as its playbook."""
+
+
+@contextlib.contextmanager
+def reproduction(run_dir: Path, inventory: Path, *, host: str | None, results: Path,
+                 model_path: str | None = None) -> Iterator[Sweep]:
+    """The sweep that reproduces `run_dir` (`prepare`), for the time it is set up and run. What goes
+    wrong before the reproduction's sweep folder exists (a refusal, a Slurm allocation that does not
+    come, Ctrl-C) leaves nothing new on disk: its working folder, and the results folders that were
+    made for it, go. Once the sweep has begun, its folder is a record like any sweep's and stays."""
+    made = _missing_dirs(Path(results) / WORKSPACE)
+    sweep = prepare(run_dir, inventory, host=host, results=results, model_path=model_path)
+    try:
+        yield sweep
+    except BaseException:
+        if not (Path(results) / sweep.sweep_id).exists():
+            _undo(sweep.doc.path.parent, made)
+        raise
+
+
+def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path,
+            model_path: str | None = None) -> Sweep:
     """Write the recorded playbook and templates beside the results and load them as a new sweep.
 
     The playbook written is the record as it is, secrets masked: the secrets taken from the environment
-    reach the loaded sweep from memory only (`_load_filled`), never a file of the results."""
+    reach the loaded sweep from memory only (`_load_filled`), never a file of the results. `model_path`
+    replaces the recorded `model.path` (the model where it lives on this host); nothing else changes.
+
+    The folder is written under a temporary name and renamed once whole, under a name no earlier
+    reproduction has (nor its sweep): a folder cut short by Ctrl-C or a kill is never taken for a good
+    one. A refusal, or anything else that stops it, leaves nothing behind, the folders it made included."""
     manifest = load_run(run_dir)
     record = str(RunLayout(Path(run_dir)).manifest)
     recorded = copy.deepcopy(manifest.playbook or {})
     if isinstance(recorded.get("search"), dict) and recorded["search"].get("optuna") is not None:
         recorded = recorded | {"search": None}   # an older record of a trial: the trial's own config is its run
     try:
+        if not isinstance(recorded["name"], str):
+            raise TypeError(f"name is {recorded['name']!r}")
+        if model_path is not None:
+            recorded["model"] = _moved_model(recorded["model"], model_path)
         target = host or recorded["hosts"]
         playbook, filled = fill_secrets(recorded, record)
     except (KeyError, TypeError, AttributeError) as e:
         raise InputError(f"the recorded playbook is not one a harness wrote ({type(e).__name__}: {e})",
                          file=record, key="playbook") from None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    where = Path(results) / ".reproduce" / f"{manifest.run_id}-{stamp}"
-    where.mkdir(parents=True, exist_ok=True)
-    template = manifest.template or {}
-    for name, text in template["files"].items():
-        (where / name).write_text(text)
-    sweep_id = f"{recorded.get('name')}-reproduce-{stamp}"
-    placed = {"hosts": target, "template": str(where / template["name"]), "name": reproduce_name(recorded)}
-    path = where / "playbook.yaml"
-    path.write_text(yaml.safe_dump(recorded | placed, sort_keys=False))
+    workspace = Path(results) / WORKSPACE
+    made = _missing_dirs(workspace)
+    where: Path | None = None
     try:
-        if filled:
-            sweep = _load_filled(yaml.safe_dump(playbook | placed, sort_keys=False), path, inventory, sweep_id)
-        else:
-            sweep = load_sweep(path, inventory, sweep_id=sweep_id)
-    except InputError as e:
-        if host is None and e.key == "hosts":   # the original's hosts, named in a colleague's inventory or not
-            raise InputError(f"{e.message}; choose a host of this inventory with --host NAME") from None
-        if e.key == "hosts":   # the host asked for: named as the user gave it, not as the copy's playbook says
-            raise InputError(f"{host!r} matches no host of {inventory}", key="--host") from None
+        workspace.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{manifest.run_id}-", suffix=".partial", dir=workspace))
+        where = partial
+        template = manifest.template or {}
+        for name, text in template["files"].items():
+            (partial / name).write_text(text)
+        where, suffix = _claim(partial, Path(results), f"{manifest.run_id}-{stamp}",
+                               f"{reproduce_name(recorded)}-{stamp}")
+        sweep_id = f"{reproduce_name(recorded)}-{stamp}{suffix}"
+        placed = {"hosts": target, "template": str(where / template["name"]), "name": reproduce_name(recorded)}
+        path = where / "playbook.yaml"
+        path.write_text(yaml.safe_dump(recorded | placed, sort_keys=False))
+        try:
+            if filled:
+                sweep = _load_filled(yaml.safe_dump(playbook | placed, sort_keys=False), path, inventory, sweep_id)
+            else:
+                sweep = load_sweep(path, inventory, sweep_id=sweep_id)
+        except InputError as e:
+            raise _as_recorded(e, where, record, host, inventory) from None
+        if len(sweep.runs) != 1:
+            raise InputError(f"the recorded playbook makes {len(sweep.runs)} runs, not the one a harness records",
+                             file=record, key="playbook")
+        return fewest_slots(sweep)
+    except BaseException:
+        _undo(where, made)
         raise
-    if len(sweep.runs) != 1:
-        raise InputError(f"the recorded playbook makes {len(sweep.runs)} runs, not the one a harness records",
-                         file=record, key="playbook")
-    return fewest_slots(sweep)
+
+
+def _moved_model(model: dict, path: str) -> dict:
+    """The recorded `model` with its path replaced: a path on a host is text of one line."""
+    if not path.strip() or any(c in path for c in "\0\n\r"):
+        raise InputError(f"{path!r} is not a path on a host (empty, or more than one line)", key="--model-path")
+    return model | {"path": path}
+
+
+def _bare(e: InputError) -> str:
+    """An InputError's message without the file, line and key it starts with."""
+    where = str(InputError("", file=e.file, key=e.key, line=e.line))
+    text = str(e)
+    return text[len(where):] if where and text.startswith(where) else text
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first: what making it would make."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def _undo(folder: Path | None, made: list[Path]) -> None:
+    """Remove a reproduction's working folder and the folders made for it, where nothing else came in."""
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+    for p in made:
+        with contextlib.suppress(OSError):
+            p.rmdir()   # only an empty one: another command may have written beside it meanwhile
+
+
+def _claim(partial: Path, results: Path, name: str, sweep_id: str) -> tuple[Path, str]:
+    """Rename the finished `partial` folder to `name` (or `name-2`, `-3`... where that folder, or a sweep
+    of `sweep_id` with that suffix, exists already: two reproductions in one second), and the suffix."""
+    for n in range(1, 1000):
+        suffix = "" if n == 1 else f"-{n}"
+        final = partial.parent / f"{name}{suffix}"
+        if final.exists() or (results / f"{sweep_id}{suffix}").exists():
+            continue
+        try:
+            os.rename(partial, final)   # refused onto a folder that came meanwhile (holding anything)
+        except OSError:
+            if not final.exists():
+                raise
+            continue
+        return final, suffix
+    raise InputError(f"too many reproductions of {name} in {partial.parent}", file=str(partial.parent))
+
+
+def _as_recorded(e: InputError, where: Path, record: str, host: str | None, inventory: Path) -> InputError:
+    """An error of loading the copy, named where the user can find it: the run's manifest.json and the
+    key of its record (`playbook.configs.0.nodes`, `template.files.NAME`), since the copy is removed."""
+    if e.key == "hosts":
+        if host is None:   # the original's hosts, named in a colleague's inventory or not
+            return InputError(f"{_bare(e)}; choose a host of this inventory with --host NAME", file=record,
+                              key="playbook.hosts")
+        # the host asked for: named as the user gave it, not as the copy's playbook says
+        return InputError(f"{host!r} matches no host of {inventory}", key="--host")
+    file = Path(e.file) if e.file else None
+    if file is None or file.parent != where:
+        return e   # the inventory's own error: as it came
+    message = _bare(e).replace(f"{where}/", "").replace(str(where), WORKSPACE)
+    if file.name != "playbook.yaml":
+        key = f"template.files.{file.name}"
+        message = f"line {e.line}: {message}" if e.line else message
+    elif e.key == "template":   # the copy's own key: the record names its template in the manifest
+        key = "template.name"
+    else:
+        key = f"playbook.{e.key}" if e.key else "playbook"
+    if e.key and e.key.endswith("nodes") and host is not None:
+        message += "; give --host a group or several hosts (a,b) that can hold every node"
+    return InputError(message, file=record, key=key)
 
 
 def fewest_slots(sweep: Sweep) -> Sweep:
@@ -152,9 +273,8 @@ def _load_filled(text: str, record: Path, inventory: Path, sweep_id: str) -> Swe
         try:
             sweep = load_sweep(source, inventory, sweep_id=sweep_id)
         except InputError as e:
-            named = InputError(str(e).replace(source, str(record)))
-            named.file, named.key, named.line = str(record), e.key, e.line
-            raise named from None
+            file = str(record) if e.file == source else e.file   # a template's error names the template
+            raise InputError(_bare(e).replace(source, str(record)), file=file, key=e.key, line=e.line) from None
     sweep.doc.path = record
     return sweep
 
@@ -269,7 +389,9 @@ class Row:
 
 
 def compare_runs(original_dir: Path, new_dir: Path) -> dict:
-    """Facts that differ and metric rows for two run directories."""
+    """Facts that differ and metric rows for two run directories, and `notes`: what kept figures from
+    being set side by side (a run without a benchmark, a level only one run has), which an empty or
+    short table must not leave unsaid."""
     original, new = load_run_result(RunLayout(Path(original_dir))), load_run_result(RunLayout(Path(new_dir)))
     before, after = original.manifest, new.manifest
     facts = []
@@ -283,6 +405,8 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
             facts.append({"fact": f"host.{key}", "before": a, "after": b})
     if before.harness_version != after.harness_version:
         facts.append({"fact": "harness", "before": before.harness_version, "after": after.harness_version})
+    if moved := _model_paths(before, after):
+        facts.append({"fact": "model.path (--model-path)", "before": moved[1], "after": moved[0]})
     facts += launch_differences(original, new)
     rows = []
     new_levels = {level_key(lv): lv for lv in new.levels}
@@ -301,41 +425,117 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
                 noise, source = DEFAULT_NOISE, "assumed"
             rows.append(Row(label, which, _value(old, metric, q), _value(new_levels.get(which), metric, q),
                             max(noise, MIN_NOISE), source))
+    old_keys = {level_key(lv) for lv in original.levels}
+    added = [lv for lv in new.levels if level_key(lv) not in old_keys and not lv.probe]
+    for lv in added:   # a probe of max_load goes where the bisection led, which differs by nature
+        rows += [Row(label, level_key(lv), None, _value(lv, metric, q), DEFAULT_NOISE, "assumed")
+                 for metric, q, label in METRICS]
+    notes = [f"{side}: {why}" for side, run in (("original", original), ("reproduction", new))
+             if (why := _no_figures(run))]
+    if original.levels and new.levels:
+        lost = [k for k in old_keys - new_levels.keys() if not k[3]]
+        if lost:
+            notes.append(f"{len(lost)} level(s) of the original have no counterpart in the reproduction")
+        if added:
+            notes.append(f"{len(added)} level(s) of the reproduction have none in the original")
     kernels = {"before": _top(original), "after": _top(new)}
-    return {"facts": facts, "rows": rows, "kernels": kernels, "status": (before.status, after.status)}
+    return {"facts": facts, "rows": rows, "kernels": kernels, "status": (before.status, after.status),
+            "notes": notes}
+
+
+def _no_figures(run: RunResult) -> str | None:
+    """Why a run has no benchmark figures to compare, None when it has some."""
+    if run.levels:
+        return None
+    if not run.manifest.ok:
+        return f"the run {run.manifest.status}, with no benchmark figures"
+    bench = run.layout.bench
+    if not bench.exists():
+        return f"no benchmark figures: {bench} is missing"
+    if run.bench is None:
+        return f"no benchmark figures: {bench} cannot be read"
+    return f"no benchmark figures: {bench} holds no level"
 
 
 def launch_differences(original: RunResult, new: RunResult) -> list[dict]:
-    """Each line of launch.sh that differs, as a fact (`launch.sh`, the line before, the line after):
-    the recorded playbook rendered for another host can still launch another server (that host's env
-    from the inventory, its venv, a harness that renders otherwise), which must not pass unseen. Each
-    run's folder on its host is written RUN_DIR, and comments are left out: they differ by nature."""
-    before, after = _launch_lines(original), _launch_lines(new)
-    if not before or not after:
-        return []   # a run that never launched (skipped, or failed before) has nothing to set beside
-    rows = []
-    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
-        if op == "equal":
+    """Each line of each node's launch.sh that differs, as a fact (`launch.sh`, or `node K launch.sh`
+    for a server on several hosts; the line before, the line after): the recorded playbook rendered for
+    another host can still launch another server (that host's env from the inventory, its venv, a
+    harness that renders otherwise), which must not pass unseen on any node. Each node's folder on
+    its host is written RUN_DIR and its workdir WORKDIR; where the two runs' model paths differ
+    (`--model-path`: the one change asked for), the new path reads as the recorded one; and comments
+    are left out: they differ by nature."""
+    moved = _model_paths(original.manifest, new.manifest)
+    ranks = sorted({n.rank for n in original.manifest.nodes} | {n.rank for n in new.manifest.nodes} | {0})
+    several = len(ranks) > 1
+    rows: list[dict[str, Any]] = []
+    for rank in ranks:
+        fact = f"node {rank} launch.sh" if several else "launch.sh"
+        before, after = _launch_lines(original, rank), _launch_lines(new, rank, moved)
+        if before is None or after is None:
+            # a run that never launched (skipped, or failed before) has nothing to set beside; a node
+            # launched in one run only is said, or a difference on it would pass unseen
+            if rank > 0 and (before, after) != (None, None) and new.manifest.ok:
+                rows.append({"fact": fact, "before": "(no launch.sh)" if before is None else "(launched)",
+                             "after": "(no launch.sh)" if after is None else "(launched)"})
             continue
-        old, now = before[i1:i2], after[j1:j2]
-        for k in range(max(len(old), len(now))):
-            rows.append({"fact": "launch.sh", "before": old[k] if k < len(old) else None,
-                         "after": now[k] if k < len(now) else None})
+        matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+        for op, i1, i2, j1, j2 in matcher.get_opcodes():
+            if op == "equal":
+                continue
+            old, now = before[i1:i2], after[j1:j2]
+            for k in range(max(len(old), len(now))):
+                rows.append({"fact": fact, "before": old[k] if k < len(old) else None,
+                             "after": now[k] if k < len(now) else None})
     return rows
 
 
-def _launch_lines(run: RunResult) -> list[str]:
-    """launch.sh's lines that launch something, its run folder on the host as RUN_DIR; none when the
-    run has no launch script (it never started)."""
+def _model_paths(before: RunManifest, after: RunManifest) -> tuple[str, str] | None:
+    """The model's path now and as recorded, where the two differ (`--model-path`); else None."""
+    old, now = (m.model.path if m.model else None for m in (before, after))
+    return (now, old) if old and now and old != now else None
+
+
+def _launch_lines(run: RunResult, rank: int = 0, moved: tuple[str, str] | None = None) -> list[str] | None:
+    """Node `rank`'s launch.sh, the lines that launch something, with its run folder on the host as
+    RUN_DIR (found from the manifest's workdir, or from the script's own `cd` into it, since the other
+    nodes' workdirs are not recorded), that folder's workdir as WORKDIR, and `moved`'s first path (the
+    model where it is now) as its second (where it was); None when the node has no launch script (it
+    never started). Node k's script is read from where the harness puts it (nodes/node<k>), never from
+    a path the manifest names."""
+    layout = run.layout if rank == 0 else run.layout.node(rank)
     try:
-        text = run.layout.launch.read_text(errors="replace")
+        text = layout.launch.read_text(errors="replace")
     except OSError:
-        return []
-    m, workdir = run.manifest, getattr(run.manifest.host, "workdir", None)
-    if isinstance(workdir, str) and workdir and m.sweep_id:
-        text = text.replace(f"{workdir.rstrip('/')}/{m.sweep_id}/{m.run_id}", "RUN_DIR")
+        return None
+    m = run.manifest
+    folders = []
+    workdir = getattr(m.host, "workdir", None)
+    if rank == 0 and isinstance(workdir, str) and workdir and m.sweep_id:
+        folders.append(f"{workdir.rstrip('/')}/{m.sweep_id}/{m.run_id}")
+    for line in text.splitlines():
+        if line.startswith("cd "):
+            with contextlib.suppress(ValueError):
+                words = shlex.split(line[3:])
+                if len(words) == 1 and m.sweep_id and words[0].endswith(f"/{m.sweep_id}/{m.run_id}"):
+                    folders.append(words[0])
+    for folder in sorted(set(folders), key=len, reverse=True):
+        text = _substitute(text, folder, "RUN_DIR")
+        text = _substitute(text, folder[:-len(f"/{m.sweep_id}/{m.run_id}")], "WORKDIR")
+    if moved is not None:
+        text = _substitute(text, moved[0], moved[1])
     return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _substitute(text: str, path: str, name: str) -> str:
+    """`text` with `path` written `name`: shell-quoted whole as the template quotes it, or as it is where
+    it stands whole (`/m` is no part of `/models`) or heads a longer path (`/m/config.json`)."""
+    if not path or path == "/":
+        return text
+    quoted = shlex.quote(path)
+    if quoted != path:
+        text = text.replace(quoted, shlex.quote(name))
+    return re.sub(r"(?<![\w.\-/])" + re.escape(path) + r"(?![\w.\-])", lambda _: name, text)
 
 
 def _requests(layout: RunLayout) -> dict[LevelKey, list[dict]]:

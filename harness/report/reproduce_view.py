@@ -7,6 +7,7 @@ from rich.console import Group, JustifyMethod
 from rich.text import Text
 
 from harness.report.analysis_view import short_name
+from harness.report.escape import printable
 from harness.report.plain import PlainTable
 
 
@@ -36,13 +37,13 @@ def _level(key: tuple) -> str:
 
 def render_comparison(result: dict, *, before: str, after: str):
     parts = []
-    facts = PlainTable(title="host facts that differ", box=box.SIMPLE_HEAD, title_justify="left",
+    facts = PlainTable(title="facts that differ", box=box.SIMPLE_HEAD, title_justify="left",
                        header_style="bold")
     for col in ("fact", before, after):
         facts.add_column(col, overflow="fold")
     for f in result["facts"]:
         facts.add_row(f["fact"], _fmt(f["before"]), _fmt(f["after"]))
-    parts.append(facts if result["facts"] else Text("host facts: no difference", style="green"))
+    parts.append(facts if result["facts"] else Text("facts: no difference", style="green"))
     t = PlainTable(title="results", box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("level", "right"), ("metric", "left"), (before, "right"), (after, "right"), ("delta", "right"),
@@ -55,9 +56,14 @@ def render_comparison(result: dict, *, before: str, after: str):
             if row.delta is not None else Text("-")
         t.add_row(_level(row.level), row.label, _fmt(row.before), _fmt(row.after), delta,
                   f"±{row.noise * 100:.1f}%", verdict)
-    parts.append(t)
-    sources = sorted({r.noise_source for r in result["rows"]})
-    parts.append(Text(f"noise: {', '.join(sources)} (at least 2%)", style="dim"))
+    if result["rows"]:
+        parts.append(t)
+        sources = sorted({r.noise_source for r in result["rows"]})
+        parts.append(Text(f"noise: {', '.join(sources)} (at least 2%)", style="dim"))
+    else:
+        parts.append(Text("results: no figure to set side by side", style="yellow"))
+    for note in result.get("notes", []):   # why the table is short or empty: never left unsaid
+        parts.append(Text(printable(f"note: {note}"), style="yellow"))
     if any(r.level[3] for r in result["rows"]):
         parts.append(Text("* a probe of search.max_load", style="dim"))
     k = result["kernels"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import harness
-from tests.e2e.test_sweep import manifests, playbook, sweep_dir
+from tests.e2e.test_sweep import _free_port, manifests, playbook, sweep_dir
 
 
 def test_a_copied_run_directory_alone_reproduces_on_another_host(tmp_path, ssh_inventory):
@@ -175,3 +175,94 @@ def test_a_resume_after_a_reproduction_in_the_same_results_continues_the_sweep(t
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     said = " ".join(resumed.stdout.split())
     assert f"--resume of {original.name} would run 0 of 2 runs" in said, said
+
+
+def _hosts_inventory(tmp_path, remote_venv, **hosts) -> Path:
+    """Hosts on this machine, each in a workdir of its own, with the variables given."""
+    inv = {"all": {"hosts": {name: {"transport": "local", "venv": str(remote_venv),
+                                    "workdir": str(tmp_path / f"work-{name}"), **extra}
+                             for name, extra in hosts.items()}}}
+    path = tmp_path / "inventory-hosts.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def test_every_node_of_a_server_on_two_hosts_is_compared_and_named(tmp_path, remote_venv):
+    """A run on two hosts reproduced on node 0's host and a third whose inventory adds env: node 1's
+    launch differs and says so, with its node; node 0's does not, nor does either node's folder on its
+    host (another workdir on each). Both nodes live on this machine: node 1 serves on a port of its own."""
+    inv = _hosts_inventory(tmp_path, remote_venv, a={}, b={}, c={"env": {"NCCL_DEBUG": "INFO"}})
+    ports = [_free_port() for _ in range(3)]
+    pb = playbook(tmp_path, profile="none", hosts="a,b", configs=[{"name": "tp2", "nodes": 2, "args": {
+        "tp-size": 2, "port": f"{{{{ {ports[0]} if node_rank == 0 else {ports[1]} }}}}"}}])
+    recorded = yaml.safe_load(pb.read_text())
+    recorded["server"] |= {"port": ports[0], "rendezvous_port": ports[2]}
+    pb.write_text(yaml.safe_dump(recorded))
+    first = harness("sweep", pb, "-i", inv, "-o", tmp_path / "r")
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = sweep_dir(tmp_path / "r") / "runs" / "tp2-1"
+    assert (run_dir / "nodes" / "node1" / "launch.sh").is_file()
+
+    again = harness("reproduce", run_dir, "-i", inv, "--host", "a,c", "-o", tmp_path / "r2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    (m,) = manifests(tmp_path / "r2").values()
+    assert [n["host"] for n in m["nodes"]] == ["a", "c"]
+    shown = [" ".join(line.split()) for line in again.stdout.splitlines() if "launch.sh" in line]
+    assert shown == ["node 1 launch.sh - export NCCL_DEBUG=INFO"], again.stdout
+
+
+def test_a_refused_reproduction_leaves_nothing_new_on_disk(tmp_path, remote_venv):
+    """Refusals after the recorded playbook was copied out (a host this inventory lacks, a record that
+    makes more than one run): the results folder is as it was, and one not there before is not made."""
+    inv = _local_inventory(tmp_path, remote_venv)
+    pb = playbook(tmp_path, profile="none", hosts="localhost", configs=[{"name": "tp2", "args": {"tp-size": 2}}])
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    run_dir = sweep_dir(tmp_path / "r") / "runs" / "tp2-1"
+    before = sorted((tmp_path / "r").rglob("*"))
+
+    refused = harness("reproduce", run_dir, "-i", inv, "--host", "gpu-09", "-o", tmp_path / "r")
+    assert refused.returncode == 2 and "'gpu-09' matches no host" in refused.stderr, refused.stderr
+    assert sorted((tmp_path / "r").rglob("*")) == before
+    refused = harness("reproduce", run_dir, "-i", inv, "--host", "gpu-09", "-o", tmp_path / "fresh" / "r")
+    assert refused.returncode == 2 and not (tmp_path / "fresh").exists()
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["playbook"]["repeat"] = 2
+    damaged = tmp_path / "damaged" / "tp2-1"
+    shutil.copytree(run_dir, damaged)
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    refused = harness("reproduce", damaged, "-i", inv, "-o", tmp_path / "r")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and f"{damaged / 'manifest.json'}: playbook: the recorded playbook makes 2 runs" \
+        in said, said
+    assert sorted((tmp_path / "r").rglob("*")) == before
+
+
+def test_the_model_where_it_lives_on_this_host_is_the_one_change_the_reproduction_makes(tmp_path, remote_venv):
+    inv = _local_inventory(tmp_path, remote_venv)
+    pb = playbook(tmp_path, profile="none", hosts="localhost", configs=[{"name": "tp2", "args": {"tp-size": 2}}])
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    run_dir = sweep_dir(tmp_path / "r") / "runs" / "tp2-1"
+    moved = tmp_path / "my models" / "tiny"
+    again = harness("reproduce", run_dir, "-i", inv, "-o", tmp_path / "r2", "--model-path", moved)
+    assert again.returncode == 0, again.stdout + again.stderr
+    (m,) = manifests(tmp_path / "r2").values()
+    assert m["status"] == "ok" and m["model"]["path"] == str(moved) and m["playbook"]["model"]["path"] == str(moved)
+    launch = (sweep_dir(tmp_path / "r2") / "runs" / "tp2-1" / "launch.sh").read_text()
+    assert f"--model-path '{moved}'" in launch
+    said = [" ".join(line.split()) for line in again.stdout.splitlines()]
+    assert f"model.path (--model-path) /models/tiny {moved}" in said, again.stdout
+    assert not [line for line in said if "launch.sh" in line], again.stdout
+
+
+def test_an_original_whose_figures_cannot_be_read_is_said_not_shown_as_nothing(tmp_path, remote_venv):
+    inv = _local_inventory(tmp_path, remote_venv)
+    pb = playbook(tmp_path, profile="none", hosts="localhost", configs=[{"name": "tp2", "args": {"tp-size": 2}}])
+    assert harness("sweep", pb, "-i", inv, "-o", tmp_path / "r").returncode == 0
+    copied = tmp_path / "colleague" / "tp2-1"
+    shutil.copytree(sweep_dir(tmp_path / "r") / "runs" / "tp2-1", copied)
+    (copied / "bench.json").write_text('{"levels": [')   # cut short on its way over
+    again = harness("reproduce", copied, "-i", inv, "-o", tmp_path / "r2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    said = " ".join(again.stdout.split())
+    assert f"note: original: no benchmark figures: {copied / 'bench.json'} cannot be read" in said, said
