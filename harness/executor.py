@@ -552,19 +552,19 @@ class Executor:
         """Reconcile a run the journal last saw in flight, on every node of it; whether it was."""
         if last is None or last.state not in ("running", "interrupted") or last.host is None:
             return False
-        for name in last.nodes or [last.host]:
+        for rank, name in enumerate(last.nodes or [last.host]):
             if name in self.pool:   # every node of a run on several hosts
-                self._reconcile(run_id, self.pool[name].host)
+                self._reconcile(run_id, self.pool[name].host, rank)
         return True
 
-    def _reconcile(self, run_id: str, host: Host) -> None:
+    def _reconcile(self, run_id: str, host: Host, node_rank: int = 0) -> None:
         """A run that was in flight when the orchestrator stopped: stop its server, drop its files."""
         try:
             link = self.pool.connect(host.spec())
             try:
                 workdir = private_workdir(link, host.workdir, host=host.name)
                 assert host.venv is not None  # the sweep refuses a host without one
-                paths = HostRunLayout.of(workdir, self.sweep.sweep_id, run_id)
+                paths = HostRunLayout.of(workdir, self.sweep.sweep_id, run_id, node_rank)
                 stop = tool_command(host.venv + "/bin/python", remote_dir(workdir), "agent", "stop",
                                     "--pid-file", paths.pid_file, "--port", 1, "--timeout", 20)
                 command = f"if [ -f {shlex.quote(paths.pid_file)} ]; then {stop}; fi; rm -rf {shlex.quote(paths.root)}"

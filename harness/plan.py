@@ -92,11 +92,11 @@ class Sweep:
         (node 0 first, `host` among them) and the script is that node's, with the engine's own
         multi-node flags (`Engine.node_args`) over the configuration's."""
         pb = self.playbook
-        paths = HostRunLayout.of(host.workdir, self.sweep_id, run.run_id)
         port = pb.server.port or self.engine.default_port
         tools = remote_dir(host.workdir)
         nodes = list(nodes) or [host]
         rank = next(i for i, n in enumerate(nodes) if n.name == host.name)
+        paths = HostRunLayout.of(host.workdir, self.sweep_id, run.run_id, rank)
         node = NodeInfo(rank=rank, count=len(nodes), head_address=node_address(nodes[0]),
                         rendezvous_port=pb.server.rendezvous_port or self.engine.rendezvous_port)
         base: dict[str, Any] = {

@@ -144,11 +144,14 @@ class _There(_Folder[str]):
 
 @dataclass(frozen=True)
 class HostRunLayout(_There):
-    """Where a run lives on its host: WORKDIR/<sweep_id>/<run_id>."""
+    """Where a run lives on its host: WORKDIR/<sweep_id>/<run_id>, and for node k >= 1 of a server on
+    several hosts WORKDIR/<sweep_id>/<run_id>.node<k>: hosts may share a workdir (a home directory on
+    NFS), and two nodes in one folder would write each other's launch script, pid file and traces."""
 
     @classmethod
-    def of(cls, workdir: str, sweep_id: str, run_id: str) -> HostRunLayout:
-        return cls(f"{workdir.rstrip('/')}/{sweep_id}/{run_id}")
+    def of(cls, workdir: str, sweep_id: str, run_id: str, node_rank: int = 0) -> HostRunLayout:
+        folder = run_id if node_rank == 0 else f"{run_id}.node{node_rank}"
+        return cls(f"{workdir.rstrip('/')}/{sweep_id}/{folder}")
 
     launch = _Named[str](RunFiles.LAUNCH)
     log = _Named[str](RunFiles.SERVER_LOG)

@@ -135,7 +135,33 @@ def test_a_server_on_two_hosts_is_measured_profiled_on_both_and_torn_down_on_bot
     for host in hosts:
         assert ours_running(host) == [], host.name
         assert not listening(host, PORT)
-        assert not list(host.workdir.glob(f"{sweep_dir(results).name}/tp2-1"))
+        assert not list(host.workdir.glob(f"{sweep_dir(results).name}/tp2-1*"))
+
+
+def test_two_hosts_that_share_a_workdir_keep_each_node_s_files_apart(tmp_path, hosts, venv):
+    """Hosts may share a workdir (a home directory on NFS, a cluster's shared disk): node 1's folder is
+    its own, not node 0's, or the two would write one launch script, pid file and log (node 1's
+    launch.sh came back saying --node-rank 0, and the run said ok)."""
+    shared = tmp_path / "shared-work"
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, venv)
+    doc = yaml.safe_load(inventory.read_text())
+    for h in doc["all"]["children"]["gpu"]["hosts"].values():
+        h["workdir"] = str(shared)
+    inventory.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "r"
+    run = harness("sweep", write_playbook(tmp_path / "pb.yaml", "sglang"), "-i", inventory, "-o", results)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (m,) = manifests(results).values()
+    assert m["status"] == "ok", m["error"]
+    d = sweep_dir(results) / "runs" / "tp2-1"
+    launch0, launch1 = (d / "launch.sh").read_text(), (d / "nodes" / "node1" / "launch.sh").read_text()
+    assert "--node-rank 0" in launch0 and "--node-rank 1" in launch1
+    assert "joined node 0" in (d / "nodes" / "node1" / "server.log").read_text()
+    assert "joined node 0" not in (d / "server.log").read_text()
+    assert m["profile"]["ranks_found"] == 2, m["profile"]
+    for host in hosts:
+        assert ours_running(host) == [], host.name
+    assert not list(shared.glob(f"{sweep_dir(results).name}/tp2-1*"))
 
 
 def test_a_run_on_two_hosts_reproduces_on_both(tmp_path, hosts, venv):
@@ -193,7 +219,7 @@ def test_a_killed_orchestrator_leaves_no_node_running_and_resume_finishes_the_ru
         assert wait_until(lambda h=host: not ours_serving(h), 60), (host.name, ours_serving(host))
     (running,) = [e for e in journal(results) if e["state"] == "running"]
     assert running["nodes"] == [h.name for h in hosts]
-    watchdog1 = (hosts[1].workdir / sweep_dir(results).name / "tp2-1" / "watchdog.log").read_text()
+    watchdog1 = (hosts[1].workdir / sweep_dir(results).name / "tp2-1.node1" / "watchdog.log").read_text()
     assert "not renewed" in watchdog1, watchdog1
     run = harness("sweep", pb, "-i", inv, "-o", results, "--resume", "--lease", "4", timeout=400)
     assert run.returncode == 0, run.stdout + run.stderr

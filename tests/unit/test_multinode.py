@@ -239,6 +239,6 @@ def test_every_nodes_lease_is_renewed_by_its_own_hosts_heartbeat(tmp_path):
     executor.in_flight[spec.run_id] = ctx
     (beat_a,), (beat_b,) = executor._beats("a"), executor._beats("b")
     assert beat_a.lease == f"{tmp_path / 'a'}/{executor.sweep.sweep_id}/x-1/lease"
-    assert beat_b.lease == f"{tmp_path / 'b'}/{executor.sweep.sweep_id}/x-1/lease"
+    assert beat_b.lease == f"{tmp_path / 'b'}/{executor.sweep.sweep_id}/x-1.node1/lease"
     assert executor._beats("c") == []
     assert ctx.peers[0].local_dir == executor.layout.run("x-1").dir / "nodes" / "node1"
