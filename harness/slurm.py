@@ -20,6 +20,14 @@ command wraps the executor in `allocations(sweep)`, which
 
 Nothing is renewed by hand: the allocation lasts until released or until its time limit, which is the
 cluster's business. `--resume` is a new sweep invocation, so it takes a new allocation.
+
+A job that ends under the sweep (its time limit, a scancel, a preemption) is not replaced either: the
+time limit is a bound the user set, and a cancel someone's decision, so a sweep that went on in a new
+allocation would overrule both, unattended. The first step that fails asks squeue why
+(`transport.slurm.JobWatch`, one per allocation); from then on every node of the job fails at once
+(`JobEnded`, then a host error of kind preflight when its worker connects again, which sets the node
+aside for the sweep without a backoff), so the run in flight and every run left for the allocation
+fail within seconds naming the job and why, and `--resume --retry-failed` runs them on a new one.
 """
 
 from __future__ import annotations
@@ -32,13 +40,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from harness.config.inventory import HOST_NAME, Host, SlurmSettings
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Kind, RemoteError
 from harness.hosts import Connect
 from harness.plan import Sweep
 from harness.transport import HostSpec, Transport
 from harness.transport import connect as connect_over_transport
 from harness.transport.process import ProcessTransport
-from harness.transport.slurm import JOB_ID, SlurmTransport
+from harness.transport.slurm import JOB_ID, JobWatch, SlurmTransport
 
 GRANTED = re.compile(r"Granted job allocation (\d+)")
 QUERY_TIMEOUT_S = 60       # squeue, scontrol, scancel
@@ -54,6 +62,8 @@ def salloc_command(settings: SlurmSettings, *, nodes: int, name: str) -> str:
              f"--nodes={nodes}", "--ntasks-per-node=1"]
     if settings.gpus_per_node:
         words.append(f"--gpus-per-node={settings.gpus_per_node}")
+    if settings.cpus_per_node:   # one task a node: its CPUs are the node's share of the allocation
+        words.append(f"--cpus-per-task={settings.cpus_per_node}")
     for flag in ("partition", "account", "time"):
         if (value := getattr(settings, flag)) is not None:
             words.append(f"--{flag}={value}")
@@ -104,6 +114,7 @@ class Allocation:
         self.cluster, self.settings, self.count, self.login = cluster, settings, nodes, login
         self.name, self.connect, self.log = name, connect, log
         self.job_id: str | None = None
+        self.watch: JobWatch | None = None   # whether the job still holds its nodes, once granted
         self.nodes: list[str] = []
         self.addresses: dict[str, str] = {}
 
@@ -131,7 +142,7 @@ class Allocation:
             why = lines[-1].strip()[:400] if lines else f"salloc exited with {said.exit_code}"
             raise HarnessError(f"{where}: no allocation within {self.settings.wait_s:g} s ({why})"
                                + self._reason())
-        self.job_id = job
+        self.job_id, self.watch = job, JobWatch(job)
         listed = self._run(f"squeue -h -j {job} -o %N", timeout=QUERY_TIMEOUT_S)
         hostlist = listed.stdout.strip()
         if not listed.ok or not hostlist or not re.fullmatch(r"[A-Za-z0-9_.,\-\[\]]+", hostlist):
@@ -186,7 +197,9 @@ class Allocation:
         except HarnessError as e:
             self.log(f"slurm group {self.cluster!r}: could not release {what}: {e}; it ends at its time limit")
             return
-        if not done.ok:
+        if self.watch is not None and self.watch.ended:
+            self.log(f"slurm group {self.cluster!r}: nothing to release: {self.watch.ended} before the sweep ended")
+        elif not done.ok:
             self.log(f"slurm group {self.cluster!r}: scancel of {what} said: {done.stderr.strip()[:300]}")
         elif self.job_id is not None:
             self.log(f"slurm group {self.cluster!r}: released job {self.job_id}")
@@ -203,13 +216,18 @@ class NodeConnect:
         allocation = self.nodes.get(host.name)
         if allocation is None:
             return self.base(host)
-        assert allocation.job_id is not None  # only granted allocations are here
+        assert allocation.job_id is not None and allocation.watch is not None  # only granted ones are here
+        if allocation.watch.ended:   # host-fatal: the node is set aside for the sweep, its runs fail now
+            raise RemoteError(f"node {host.name} of slurm group {allocation.cluster!r} is gone with its job: "
+                              f"{allocation.watch.ended}; no new allocation is taken (`harness sweep --resume "
+                              "--retry-failed` runs what failed on a new one)", host=host.name, kind=Kind.PREFLIGHT)
         login = self.base(allocation.login)
         if not isinstance(login, ProcessTransport):
             login.close()
             raise HarnessError(f"the login host {allocation.login.name} has a transport srun cannot run over")
         return SlurmTransport(host, login, job_id=allocation.job_id, node=host.name,
-                              python=self.pythons.get(host.name, "python3"))
+                              python=self.pythons.get(host.name, "python3"),
+                              cpus=allocation.settings.cpus_per_node or 1, watch=allocation.watch)
 
 
 def login_spec(sweep: Sweep, settings: SlurmSettings) -> HostSpec:

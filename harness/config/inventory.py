@@ -63,6 +63,9 @@ class SlurmSettings(BaseModel):
 
     nodes: int = Field(1, ge=1, le=4096, description="nodes the allocation takes; one run at a time on each")
     gpus_per_node: int | None = Field(None, ge=0, le=64, description="GPUs per node (salloc --gpus-per-node)")
+    cpus_per_node: int | None = Field(None, ge=1, le=16384, strict=True, description="CPUs per node, all of them the "
+                                      "server's (salloc and every srun step: --cpus-per-task, one task a "
+                                      "node); default: the cluster's (often one CPU)")
     partition: str | None = Field(None, description="partition; default: the cluster's default partition")
     account: str | None = Field(None, description="account charged; default: the user's default account")
     time: str | None = Field(None, description="the allocation's time limit, as Slurm writes one "
@@ -121,7 +124,7 @@ class Host(BaseModel):
     scheduler: Literal["slurm"] | None = Field(None, description="slurm: the group is a Slurm cluster, its "
                                               "nodes allocated for each sweep (see `slurm`)")
     slurm: SlurmSettings | None = Field(None, description="the allocation a Slurm group asks for: nodes, "
-                                        "gpus_per_node, partition, account, time, login, wait_s")
+                                        "gpus_per_node, cpus_per_node, partition, account, time, login, wait_s")
     cluster: str | None = Field(None, description="the Slurm group a node slot belongs to (filled by the loader)")
     groups: tuple[str, ...] = Field((), description="groups the host belongs to (filled by the loader)")
     vars: dict[str, Any] = Field(default_factory=dict, description="variables the harness does not use "
@@ -378,6 +381,9 @@ def _build_host(doc: YamlDoc, name: str, layers: list[tuple[Loc, dict]], groups,
     except Exception as e:  # pydantic ValidationError: point at the layer that set the bad value
         err = e.errors()[0]  # type: ignore[attr-defined]
         loc = origin.get(err["loc"][0], layers[-1][0]) if err["loc"] else layers[-1][0]
+        if err["loc"][:1] == ("slurm",) and len(err["loc"]) > 1:   # the key inside `slurm:` that is wrong
+            key = ".".join(str(k) for k in err["loc"])
+            raise doc.error(loc + tuple(err["loc"][1:]), f"group {cluster or name!r}: {key}: {err['msg']}") from None
         raise doc.error(loc, f"host {name!r}: {err['msg']}") from None
 
 

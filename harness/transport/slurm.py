@@ -28,6 +28,13 @@ transport's own timers get a step's whole life). WRAPPER, run on the node by the
   it the server, should teardown not have).
 
 A run spanning several nodes gets one transport per node; each is its own (host, transport) pair.
+
+The job itself may end under the sweep (its time limit, a scancel, a preemption). Then every step
+fails, and each failure alone looks like a node gone away, which the executor retries with a
+backoff of minutes per node. So a step that fails asks squeue once whether the job still holds its
+nodes (`JobWatch`, shared by every transport of the job); once it has ended, the failure is
+`JobEnded`, naming the job and why, and every later command of every node of the job fails so at
+once, without an srun.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import CommandFailed, RemoteError, UnreachableError
+from harness.errors import CommandFailed, HarnessError, RemoteError, UnreachableError
 from harness.transport.base import HostSpec, Pulled, Result, Transport, output_tail, shell_path, text
 from harness.transport.process import Process, ProcessTransport
 
@@ -55,6 +62,14 @@ HEAD_LIMIT = 200   # a step line or a frame header is short: a longer line is no
 BEFORE_LIMIT = 64 << 10
 """What may come before the step line and is dropped: what the node's shell printed as it started (a
 `BASH_ENV` file, which srun's copy of the login environment may name: Lmod sets one)."""
+SQUEUE_TIMEOUT_S = 30
+ENDING_WAIT_S = 20   # how long a job squeue calls COMPLETING is asked again for its final state
+# squeue's states of a job that no longer holds its nodes, and how the error says each
+ENDED = {"TIMEOUT": "reached its time limit", "CANCELLED": "was cancelled", "DEADLINE": "reached its deadline",
+         "PREEMPTED": "was preempted", "NODE_FAIL": "lost a node", "BOOT_FAIL": "failed to boot its nodes",
+         "COMPLETED": "completed", "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory",
+         "REVOKED": "was revoked", "SPECIAL_EXIT": "ended"}
+GONE = re.compile(r"Slurm job \S+ has expired|Invalid job id|Job has expired|Expired or invalid job")
 
 # What runs on the node (Python >= 3.9, standard library only). PR_SET_CHILD_SUBREAPER (36) makes what
 # the command leaves running (a server, setsid or not) our child once its parent exits, so the
@@ -92,20 +107,82 @@ sys.exit(code)
 """
 
 
-def srun_command(job_id: str, node: str, command: str, *, python: str = "python3") -> str:
-    """The login host's command line that runs `command` on `node` as a step of job `job_id`."""
+def srun_command(job_id: str, node: str, command: str, *, python: str = "python3", cpus: int = 1) -> str:
+    """The login host's command line that runs `command` on `node` as a step of job `job_id`, with
+    `cpus` CPUs: the node's whole share of the allocation (`slurm.cpus_per_node`), since the step
+    that launches a server is the server's; `--overlap` lets the other steps share them."""
     if not JOB_ID.match(job_id):
         raise ValueError(f"not a Slurm job id: {job_id!r}")
     if not NODE_NAME.match(node):
         raise ValueError(f"not a Slurm node name: {node!r}")
+    if type(cpus) is not int or cpus < 1:
+        raise ValueError(f"not a CPU count: {cpus!r}")
     # srun takes options from the environment too, and the harness may run inside a job of its own (a
     # batch job on the cluster): its `--export=NONE` (SLURM_EXPORT_ENV) would start the step without
     # PATH, its `-c N` (SRUN_CPUS_PER_TASK) ask more CPUs than the step has. Said on the command line,
     # they are ours: the command line wins.
     return shlex.join(["srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}", "-N1", "-n1",
-                       "--cpus-per-task=1", "--export=ALL", "--quiet",
+                       f"--cpus-per-task={cpus}", "--export=ALL", "--quiet",
                        "bash", "--norc", "-c", f'exec {shell_path(python)} -c "$1" "$2"', "harness-step",
                        WRAPPER, command])
+
+
+def ended_reason(state: str, reason: str) -> str | None:
+    """How squeue's `STATE|REASON` of a job that no longer holds its nodes is said; None for a job
+    that still does (or a state this harness does not know: nothing is concluded from it)."""
+    if state == "COMPLETING" and reason == "TimeLimit":
+        return "reached its time limit (squeue: COMPLETING, TimeLimit)"
+    if state not in ENDED:
+        return None
+    return f"{ENDED[state]} (squeue: {state}{', ' + reason if reason not in ('', 'None') else ''})"
+
+
+class JobEnded(UnreachableError):
+    """The job of a node ended (time limit, scancel...): its nodes are gone for the rest of the sweep."""
+
+
+class JobWatch:
+    """Whether one job still holds its nodes, asked of squeue when one of its steps fails, and kept
+    once it has ended: every transport of the job (each node's, the heartbeat's) shares one."""
+
+    def __init__(self, job_id: str):
+        if not JOB_ID.match(job_id):
+            raise ValueError(f"not a Slurm job id: {job_id!r}")
+        self.job_id = job_id
+        self.ended: str | None = None   # why, once the job has ended: `Slurm job 42 reached its time limit`
+        self._lock = threading.Lock()
+
+    def check(self, login: ProcessTransport, srun_said: str) -> str | None:
+        """Why the job ended, or None while it holds its nodes (or Slurm cannot be asked): one squeue
+        at a time, the others waiting for its answer."""
+        with self._lock:
+            if self.ended is None:
+                why = self._ask(login, srun_said)
+                self.ended = f"Slurm job {self.job_id} {why}" if why else None
+            return self.ended
+
+    def _ask(self, login: ProcessTransport, srun_said: str) -> str | None:
+        deadline = time.monotonic() + ENDING_WAIT_S
+        said_gone = GONE.search(srun_said)
+        while True:
+            try:
+                said = login.run(f"squeue -h -t all -j {self.job_id} -o '%T|%r'", timeout=SQUEUE_TIMEOUT_S,
+                                 check=False)
+            except HarnessError:   # the login host or the controller did not answer: nothing is concluded
+                said = None
+            lines = said.stdout.strip().splitlines() if said is not None and said.ok else []
+            state, _, reason = (lines[-1].strip() if lines else "").partition("|")
+            if said is not None and not lines and (GONE.search(said.stderr) or said_gone):
+                # purged already (MinJobAge): squeue no longer knows it, and srun said it ended
+                return "has ended (" + (f"srun: {said_gone[0]}" if said_gone else "squeue: Invalid job id") + ")"
+            if state == "COMPLETING" and reason != "TimeLimit" and time.monotonic() < deadline:
+                time.sleep(0.5)   # its steps are being killed: its final state says why
+                continue
+            if state == "COMPLETING":
+                return ended_reason(state, reason) or f"has ended (squeue: COMPLETING, {reason})"
+            if said is None and said_gone:
+                return f"has ended (srun: {said_gone[0]})"
+            return ended_reason(state, reason)
 
 
 class _StepProcess:
@@ -214,11 +291,16 @@ class SlurmTransport(ProcessTransport):
     """Node `node` of job `job_id`, reached through `login` (a transport the caller opened; closed
     with this one). `host` names the node as the sweep knows it."""
 
-    def __init__(self, host: HostSpec, login: Transport, *, job_id: str, node: str, python: str = "python3"):
-        srun_command(job_id, node, ":")   # validates both
+    def __init__(self, host: HostSpec, login: Transport, *, job_id: str, node: str, python: str = "python3",
+                 cpus: int = 1, watch: JobWatch | None = None):
+        srun_command(job_id, node, ":", cpus=cpus)   # validates them
         if not isinstance(login, ProcessTransport):   # the SSH and the local transport are
             raise TypeError(f"srun runs over a ProcessTransport, not {type(login).__name__}")
         self.host, self.login, self.job_id, self.node, self.python = host, login, job_id, node, python
+        self.cpus = cpus
+        self.watch = watch if watch is not None else JobWatch(job_id)
+        if self.watch.job_id != job_id:
+            raise ValueError(f"the watch of job {self.watch.job_id} for a node of job {job_id}")
         self._spawner: ProcessTransport = login
         # the sruns in flight: `close` (the heartbeat, once the node is lost) kills them, since an
         # srun whose node died waits on it forever, and a local login has no connection to drop
@@ -234,11 +316,14 @@ class SlurmTransport(ProcessTransport):
 
     def _spawn(self, command: str, *, stdin: bytes | None, timeout: float, lasting: bool = False) -> Process:
         self.step = None
+        if self.watch.ended:   # every srun would fail: said at once
+            raise self._ended(command)
         self._reap()
         # The deadline is kept here (ProcessTransport.run and pull stop waiting at it and kill the
         # srun); the login transport's own timers (SSH: a watchdog, coreutils timeout) get the step's
         # whole life instead, or they would end a kept srun, and the server its step holds, early.
-        srun = self._spawner._spawn(srun_command(self.job_id, self.node, command, python=self.python),
+        srun = self._spawner._spawn(srun_command(self.job_id, self.node, command, python=self.python,
+                                                 cpus=self.cpus),
                                     stdin=stdin, timeout=max(timeout, HELD_S), lasting=True)
         with self._lock:
             proc = self._current = _StepProcess(srun, self._started, self._done)
@@ -270,6 +355,15 @@ class SlurmTransport(ProcessTransport):
         return UnreachableError(f"node {self.node} of job {self.job_id} was given up on (its connection closed "
                                 "while the command ran)", host=self.host.name, command=command)
 
+    def _ended(self, command: str, output: str = "") -> JobEnded:
+        return JobEnded(f"node {self.node} is gone with its job: {self.watch.ended}; no new allocation is taken "
+                        "(`harness sweep --resume --retry-failed` runs what failed on a new one)",
+                        host=self.host.name, command=command, output=output)
+
+    def _failed(self, command: str, stderr: str) -> JobEnded | None:
+        """A step that failed as srun's (never started, or cut short): JobEnded when its job has ended."""
+        return self._ended(command, stderr) if self.watch.check(self._spawner, stderr) else None
+
     def _cut_short(self, command: str, result: Result) -> UnreachableError:
         """The step ended before the command did: the wrapper itself was killed, by the node going
         down, the job ending or srun losing the step; never the command's own failure (that comes
@@ -291,9 +385,9 @@ class SlurmTransport(ProcessTransport):
         if self._current is not None and self._current.given_up:
             raise self._lost(command)
         if self.step is None:
-            raise self._not_started(command, result.stderr)
+            raise self._failed(command, result.stderr) or self._not_started(command, result.stderr)
         if self._current is not None and self._current.code is None:
-            raise self._cut_short(command, result)
+            raise self._failed(command, result.stderr) or self._cut_short(command, result)
         result = Result(result.command, result.exit_code, result.stdout, result.stderr, step=self.step)
         if check and not result.ok:
             raise CommandFailed(f"command exited with {result.exit_code}", exit_code=result.exit_code,
@@ -318,10 +412,12 @@ class SlurmTransport(ProcessTransport):
             if self._current is not None and self._current.given_up:
                 raise self._lost(e.command or remote_dir) from None
             if self.step is None:
-                raise self._not_started(e.command or remote_dir, e.output) from None
+                raise (self._failed(e.command or remote_dir, e.output)
+                       or self._not_started(e.command or remote_dir, e.output)) from None
             if self._current is not None and self._current.code is None:
-                raise self._cut_short(e.command or remote_dir, Result(e.command or "", e.exit_code, "",
-                                                                      e.output)) from None
+                raise (self._failed(e.command or remote_dir, e.output)
+                       or self._cut_short(e.command or remote_dir, Result(e.command or "", e.exit_code, "",
+                                                                          e.output))) from None
             raise
 
     def placement(self, step: str | None) -> dict[str, Any]:

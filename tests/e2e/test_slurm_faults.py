@@ -8,13 +8,16 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 
 import pytest
 
+from harness.config.inventory import SlurmSettings
 from harness.errors import HarnessError
 from harness.plan import load_sweep
-from harness.slurm import allocations
+from harness.slurm import Allocation, NodeConnect, allocations
+from harness.transport import HostSpec, connect
 from tests.e2e.test_slurm import HELD, _start, _until, four_configs, slurm_inventory
 from tests.e2e.test_sweep import playbook
 from tests.slurm import slurm_cluster
@@ -126,3 +129,35 @@ def test_ctrl_c_while_the_job_is_being_released_still_releases_it(tmp_path, clus
     while cluster.jobs(HELD):
         assert time.monotonic() < deadline, (cluster.jobs(), err)
         time.sleep(0.2)
+
+
+def test_cpus_per_node_gives_each_node_and_each_of_its_steps_that_many_cpus(tmp_path, cluster, monkeypatch):
+    """`slurm.cpus_per_node: 2` (the test nodes have 2): the job holds 2 CPUs a node, and every step
+    has them, the server's launch step while the others run beside it (`--overlap`). Before, salloc
+    asked none (the job held one CPU a node) and each step one: a server bound to a core."""
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    allocation = Allocation("cluster", SlurmSettings(nodes=2, cpus_per_node=2, partition="test", time="5:00",
+                                                     wait_s=30), 2,
+                            login=HostSpec(name="localhost", transport="local"), name="harness-cpus-test",
+                            connect=connect, log=lambda line: None)
+    allocation.request()
+    try:
+        job = allocation.job_id
+        assert job is not None
+        shown = cluster.run("scontrol", "show", "job", job)
+        assert "NumCPUs=4 " in shown and "MinCPUsNode=2" in shown, shown
+        nodes = NodeConnect({n: allocation for n in allocation.nodes}, connect,
+                            {n: sys.executable for n in allocation.nodes})
+        for node in allocation.nodes:
+            link = nodes(HostSpec(name=node))
+            try:
+                held = link.run("{ setsid sleep 30 >/dev/null 2>&1 </dev/null & }; echo $SLURM_CPUS_PER_TASK",
+                                timeout=30)
+                assert held.stdout == "2\n", held
+                beside = link.run("echo $SLURM_CPUS_PER_TASK $SLURM_CPUS_ON_NODE", timeout=30)
+                assert beside.stdout == "2 2\n" and beside.step != held.step, beside
+            finally:
+                link.close()
+    finally:
+        allocation.release()
+    assert not cluster.jobs(HELD), cluster.jobs()

@@ -1,0 +1,122 @@
+"""A Slurm job that ends under the sweep (tests/slurm.py: a real slurmctld and slurmds): cancelled
+mid-sweep, or past its time limit. Before, each node's steps failed as a node gone away, and the
+executor retried every node with its host backoff, about 165 s, before the runs failed with srun's
+last words (`srun could not run a step ...`), never saying that the job was gone or why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config.inventory import SlurmSettings
+from harness.errors import Kind, RemoteError
+from harness.slurm import Allocation, NodeConnect
+from harness.transport import HostSpec, connect
+from harness.transport.slurm import SlurmTransport
+from tests.e2e.test_slurm import HELD, four_configs, slurm_inventory
+from tests.e2e.test_sweep import manifests, sweep_dir
+from tests.slurm import slurm_cluster
+
+pytestmark = pytest.mark.e2e
+
+LOCAL = HostSpec(name="localhost", transport="local")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with slurm_cluster(tmp_path_factory.mktemp("slurm"), nodes=2) as made:
+        yield made
+
+
+def _journal(results: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in (sweep_dir(results) / "journal.jsonl").read_text().splitlines()]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def test_a_job_cancelled_mid_sweep_fails_what_is_left_at_once_naming_the_job(tmp_path, cluster, remote_venv):
+    """scancel of the sweep's job once a run is done: that run stays ok with its files, every other
+    run fails naming the job and that it was cancelled, and a node connected again is set aside for
+    the sweep at once (no backoff: never `set aside:` for a while and tried again)."""
+    results = tmp_path / "r"
+    pb = four_configs(tmp_path, benchmark={"prompt": "hello there", "max_tokens": 64, "concurrency": [1, 2],
+                                           "requests": 48, "warmup": 1, "timeout_s": 60})
+    sweep = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i",
+                              str(slurm_inventory(tmp_path, remote_venv)), "-o", str(results)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **cluster.env, "COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 300
+        while not any(e.get("state") == "ok" for e in _journal(results)):
+            assert sweep.poll() is None and time.monotonic() < deadline, "no run ever finished"
+            time.sleep(0.2)
+        (job,) = [line.split()[0] for line in cluster.jobs("RUNNING")]
+        cluster.run("scancel", job)
+        out, err = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 1, out + err
+    assert "Traceback" not in err, err
+    found = manifests(results)
+    assert len(found) == 4, found.keys()
+    ok = {r for r, m in found.items() if m["status"] == "ok"}
+    assert ok and len(ok) < 4, {r: m["status"] for r, m in found.items()}
+    for run_id in ok:   # what was measured before the cancel stands
+        assert found[run_id]["collected"]["files"] > 0
+        assert (sweep_dir(results) / "runs" / run_id / "bench.json").is_file()
+    for run_id, m in found.items():
+        if run_id not in ok:
+            assert m["status"] == "failed", (run_id, m)
+            assert f"Slurm job {job} was cancelled" in m["error"]["message"], (run_id, m["error"])
+    said = err.replace("\n", " ")
+    # a node whose worker connects again (it has a run left to take) is set aside at once
+    assert any(f"[{node}] set aside for this sweep: [{node}] node {node} of slurm group 'cluster' is gone "
+               f"with its job: Slurm job {job} was cancelled" in said for node in cluster.names), err
+    for node in cluster.names:
+        assert f"[{node}] set aside: " not in said, err   # no backoff, no attempt after the job was gone
+    assert f"nothing to release: Slurm job {job} was cancelled" in err, err
+    assert not cluster.jobs(HELD), cluster.jobs()
+
+
+def test_a_job_past_its_time_limit_fails_its_steps_saying_so_and_its_nodes_at_once(tmp_path, cluster,
+                                                                                   monkeypatch):
+    """A step running as the job reaches its time limit (one minute, Slurm's least): its command
+    fails as JobEnded, saying the time limit; the next command of any node of the job fails so too,
+    without an srun, and connecting to a node again is an error of a kind that sets it aside."""
+    from harness.transport.slurm import JobEnded  # here: the sweep's test above runs on any harness
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    allocation = Allocation("cluster", SlurmSettings(nodes=2, partition="test", time="1", wait_s=30), 2,
+                            login=LOCAL, name="harness-expiry-test", connect=connect, log=lambda line: None)
+    allocation.request()
+    assert allocation.job_id is not None and allocation.watch is not None
+    job = allocation.job_id
+    nodes = NodeConnect({n: allocation for n in allocation.nodes}, connect,
+                        {n: sys.executable for n in allocation.nodes})
+    try:
+        first, second = (nodes(HostSpec(name=n)) for n in allocation.nodes)
+        assert isinstance(first, SlurmTransport) and isinstance(second, SlurmTransport)
+        with pytest.raises(JobEnded) as e:
+            first.run("sleep 600", timeout=400)   # Slurm ends it within about 90 s
+        assert e.value.kind is Kind.UNREACHABLE   # the run moves, and its node is dropped
+        assert f"node {allocation.nodes[0]} is gone with its job: Slurm job {job} reached its time limit" \
+               in str(e.value), str(e.value)
+        with pytest.raises(JobEnded, match=f"Slurm job {job} reached its time limit"):
+            second.run("true", timeout=30)
+        assert second.step is None   # no srun was started for it
+        with pytest.raises(RemoteError) as again:
+            nodes(HostSpec(name=allocation.nodes[1]))
+        assert again.value.kind.host_fatal and f"Slurm job {job} reached its time limit" in str(again.value)
+        first.close()
+        second.close()
+    finally:
+        allocation.release()
+    assert not cluster.jobs(HELD), cluster.jobs()
