@@ -4,6 +4,11 @@ The server starts detached in its own session and process group (`setsid`), stdi
 output to server.log, its process-group id in server.pid and its exit code in server.exit: a
 backgrounded command without redirects would hold the SSH channel open (fabric #1828), and without a
 pty nothing is signalled when the channel closes, so we own the group and kill it ourselves.
+
+A process can leave that group and session (setsid, as Ray's daemons and some launchers do), out of
+reach of any signal to them. So the server also runs with a marker of its run in its environment,
+`HARNESS_RUN_TOKEN`, which every process it starts inherits: the agent's stop, watchdog and reap end
+the processes of the SSH user that carry it too (agent.py `marked`).
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from secrets import token_hex
 
 from harness.errors import Kind, RunFailed
 from harness.lifecycle.context import RunContext
+from harness.remote.names import MARKER
 from harness.results.answers import A, Stop, Wait
 from harness.results.layout import RunFiles
 from harness.secrets import api_key_env
@@ -39,12 +46,14 @@ def launch(ctx: RunContext) -> int:
     # SSH_CLIENT and a shell level of 1), 0.2 s on a host whose ~/.bashrc sets up pyenv; the server
     # inherits the environment the login shell's ~/.bashrc made either way.
     # server.pid holds the wrapper's pid, start time and boot id (agent.py read_pid): a reused pid is
-    # never taken for ours. Files are removed before they are written, so no planted link is followed.
-    f = RunFiles
+    # never taken for ours; then the run's marker, which the wrapper and all it starts carry in their
+    # environment (agent.py read_marker, marked). Files are removed before they are written, so no
+    # planted link is followed.
+    f, token = RunFiles, token_hex(16)
     command = (f"cd {root} && rm -f {f.LAUNCH}.tmp && cat > {f.LAUNCH}.tmp && chmod 755 {f.LAUNCH}.tmp && "
                f"mv {f.LAUNCH}.tmp {f.LAUNCH} && rm -f {f.EXIT} {f.PID} {f.WATCHDOG_PID} {f.LEASE} && : > {f.LEASE} && "
-               "{ setsid bash --norc -c 'read -r s </proc/$$/stat; set -- ${s##*) }; "
-               f"echo \"$$ ${{20}} $(cat /proc/sys/kernel/random/boot_id)\" >{f.PID}; "
+               f"{{ {MARKER}={q(token)} setsid bash --norc -c 'read -r s </proc/$$/stat; set -- ${{s##*) }}; "
+               f"echo \"$$ ${{20}} $(cat /proc/sys/kernel/random/boot_id) ${MARKER}\" >{f.PID}; "
                f"bash {f.LAUNCH} >{f.SERVER_LOG} 2>&1 </dev/null; "
                f"echo $? >{f.EXIT}' >/dev/null 2>&1 </dev/null & }} && "
                f"{{ setsid {watch} >{f.WATCHDOG_LOG} 2>&1 </dev/null & }} && "
@@ -53,7 +62,7 @@ def launch(ctx: RunContext) -> int:
     out, ctx.found.server_step = started.stdout, started.step
     lines = out.strip().splitlines()
     words = lines[-1].split() if lines else []
-    if len(words) != 3 or not words[0].isdigit():
+    if len(words) != 4 or not words[0].isdigit() or words[3] != token:
         raise ctx.fail(Kind.LAUNCH, f"the launch wrapper on {ctx.host.name} wrote no server pid within 5 s "
                        f"(is {paths.root} writable, and bash and setsid there?)", output=out[-2000:])
     pid = int(words[0])
@@ -187,6 +196,16 @@ def stop_command(ctx: RunContext) -> str:
 
 def teardown(ctx: RunContext) -> Stop:
     answer = ctx.parse_agent(Stop, "stop", ctx.sh(stop_command(ctx), timeout=600, check=False))
+    if answer.escaped:
+        ctx.found.warnings.append(
+            f"{answer.escaped} server process(es) on {ctx.host.name} had left the server's session (setsid), "
+            f"found by the run's marker ({MARKER} in their environment): "
+            + (f"{answer.escaped_alive} still running" if answer.escaped_alive else "stopped"))
+    if answer.group_alive:
+        ctx.found.warnings.append(
+            f"server processes still run on {ctx.host.name} after teardown: end the process group "
+            f"{answer.pid} and the processes with {MARKER} from {ctx.paths.pid_file} in their environment "
+            "by hand, or the next run there finds its port or GPUs taken")
     if not answer.port_closed:
         holders = [h.record() for h in answer.port_holders]
         ctx.found.warnings.append(f"port {ctx.rendered.port} still open after teardown: {holders}")

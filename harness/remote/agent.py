@@ -8,7 +8,8 @@ object on stdout, so the orchestrator needs one SSH command per step instead of 
     wait     --url U --pid-file F --timeout S         health: healthy | died | timeout (+ log tail)
     profile  --spec JSON --url U --dir D ...         start the engine's profiler, keep traffic
                                                       flowing, await every rank's trace file
-    stop     --pid-file F --port P --timeout S        kill the server's process group, confirm the port closed
+    stop     --pid-file F --port P --timeout S        kill the server's process group (and the processes
+                                                      that left it, by the run's marker), confirm the port closed
     watch    --pid-file F --lease L --lease-s S       beside the server: kill it when the lease lapses
     reap     --workdir W --lease-s S                  stop servers of earlier sweeps whose lease lapsed
 
@@ -37,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from .names import RunFiles
+from .names import MARKER, RunFiles
 
 
 def emit(obj: dict) -> int:
@@ -294,35 +295,85 @@ def _pause(waited: float) -> float:
     return min(0.1, 0.005 + waited)
 
 
-def stop_group(pgid: int | None, timeout: float) -> str | None:
-    """SIGTERM the process group, SIGKILL what is left after half the timeout; the last signal sent.
+
+TOKEN = re.compile(r"[0-9A-Za-z_-]{16,128}")
+
+
+def read_marker(path: str) -> str:
+    """The run's marker from its pid file (`PID START BOOT TOKEN`), "" when it has none (a pid file
+    written by an older harness) or is from before a reboot (nothing of that run can still live).
+    It is read whether or not the pid still names the wrapper: a server's escaped processes outlive
+    its process group."""
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError:
+        return ""
+    if len(words) < 4 or words[2] != boot_id() or not TOKEN.fullmatch(words[3]):
+        return ""
+    return words[3]
+
+
+def marked(token: str) -> list[int]:
+    """The live processes of this user whose environment holds `HARNESS_RUN_TOKEN=token` exactly: those
+    of the server that left its process group and session (setsid, as Ray's daemons and some launchers
+    do), which no signal to the group reaches. Another user's environment is not read (nor could it
+    be); a zombie's is empty; a pid reused by another process does not carry this run's marker. The
+    environment is only compared, never kept or printed. One pass over /proc: milliseconds."""
+    if not token:
+        return []
+    needle, uid, me = f"{MARKER}={token}".encode(), os.getuid(), os.getpid()
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(name) == me or os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:   # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0") and pid_alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+def server_processes(pgid: int | None, token: str) -> tuple[list[int], list[int]]:
+    """The server's live processes: those of the wrapper's process group and session, and those
+    outside both that carry the run's marker (escaped)."""
+    members = group_members(pgid) if pgid else []
+    return members, [pid for pid in marked(token) if pid not in members]
+
+
+def stop_group(pgid: int | None, timeout: float, token: str = "") -> tuple[str | None, list[int]]:
+    """SIGTERM the process group, SIGKILL what is left after half the timeout; the last signal sent,
+    and the escaped processes it found (see `marked`).
 
     The session of that number is signalled with it: the wrapper leads both, and a server process that
-    moved to a process group of its own (setpgid) stays in the session. A group none of whose members
+    moved to a process group of its own (setpgid) stays in the session. A process that left the session
+    too (setsid) is found by the run's marker and signalled with them. A group none of whose members
     we may signal (another user's, under a number that was ours) is left alone."""
-    sent = None
-    if not pgid or not group_alive(pgid):
-        return sent
+    sent, escaped = None, set()
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not _signal_group(pgid, sig):
+        members, outside = server_processes(pgid, token)
+        escaped.update(outside)
+        if not (members or outside) or not _signal_group(pgid, sig, outside):
             break
         sent = sig.name
         started = time.monotonic()
-        while time.monotonic() < started + timeout / 2 and group_alive(pgid):
+        while time.monotonic() < started + timeout / 2 and any(server_processes(pgid, token)):
             time.sleep(_pause(time.monotonic() - started))
-        if not group_alive(pgid):
-            break
-    return sent
+    return sent, sorted(escaped)
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> bool:
-    """`sig` to the process group and to every member of the session `pgid` outside it; whether any
-    was signalled."""
+def _signal_group(pgid: int | None, sig: signal.Signals, escaped: list[int]) -> bool:
+    """`sig` to the process group, to every member of the session `pgid` outside it and to the
+    escaped processes; whether any was signalled."""
     any_sent = False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-        any_sent = True
-    for pid in group_members(pgid, session_only=True):
+    if pgid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+            any_sent = True
+    for pid in (group_members(pgid, session_only=True) if pgid else []) + escaped:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
             any_sent = True
@@ -330,14 +381,18 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
 
 
 def cmd_stop(a) -> int:
-    pid = read_pid(a.pid_file)
-    out: dict = {"pid": pid, "was_running": bool(pid and group_alive(pid))}
-    out["signal"] = stop_group(pid, a.timeout)
+    """Stop the server (its group, session and escaped processes), then its watchdog: in that order, so
+    that a stop cut short (its SSH command killed) leaves the watchdog to end the server."""
+    pid, token = read_pid(a.pid_file), read_marker(a.pid_file)
+    out: dict = {"pid": pid, "was_running": any(server_processes(pid, token))}
+    out["signal"], escaped = stop_group(pid, a.timeout, token)
+    out["escaped"] = len(escaped)
     stop_group(read_pid(os.path.join(os.path.dirname(a.pid_file), RunFiles.WATCHDOG_PID)), 5)
     started = time.monotonic()
     while port_open(a.bind, a.port) and time.monotonic() < started + a.timeout:
         time.sleep(2 * _pause(time.monotonic() - started))
-    out["group_alive"] = bool(pid and group_alive(pid))
+    members, outside = server_processes(pid, token)
+    out["group_alive"], out["escaped_alive"] = bool(members or outside), len(outside)
     if not out["group_alive"]:   # a later reap or stop must not find a pid that may be reused
         remove_pid_files(os.path.dirname(a.pid_file))
     out["port_closed"] = not port_open(a.bind, a.port)
@@ -361,11 +416,6 @@ def gpu_released(baseline: str, timeout: float, slack_mib: float = 512) -> dict:
         if released or time.monotonic() > deadline:
             return {"gpu_released": released, "gpu_memory_used_mib": now, "gpu_memory_before_mib": before}
         time.sleep(0.5)
-
-
-def group_alive(pgid: int) -> bool:
-    """Is any live (non-zombie) process left in the process group, or in the session of that number?"""
-    return bool(group_members(pgid))
 
 
 def group_members(pgid: int, session_only: bool = False) -> list[int]:
@@ -440,12 +490,13 @@ def remove_pid_files(run_dir: str) -> None:
 
 
 def cmd_watch(a) -> int:
-    """Beside every server: kill its process group when the orchestrator's lease lapses.
+    """Beside every server: stop it when the orchestrator's lease lapses.
 
     The orchestrator touches the lease file every few seconds; if it dies, loses the network or
     sleeps, the touches stop and the GPUs are freed `lease_s` later instead of never. A server that
     ends by itself is watched until the lease lapses too (a live orchestrator's stop ends the
-    watchdog first): then its pid files go, so no later reap takes a reused number for it.
+    watchdog first): then what is left of it goes (a process that left its session lives on after the
+    group has ended), and its pid files with it, so no later reap takes a reused number for it.
     """
     run_dir = os.path.dirname(os.path.abspath(a.pid_file))
     write_pid(os.path.join(run_dir, RunFiles.WATCHDOG_PID), os.getpid())
@@ -453,17 +504,18 @@ def cmd_watch(a) -> int:
     deadline = time.monotonic() + 60
     while read_pid(a.pid_file) is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    pgid = read_pid(a.pid_file)
+    pgid, token = read_pid(a.pid_file), read_marker(a.pid_file)
     while True:
-        alive = bool(pgid and group_alive(pgid))
         silent = lease.silent_s()
         if silent > a.lease_s:
-            if alive:
+            if any(server_processes(pgid, token)):
                 print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} lease {a.lease} not renewed for {silent:.0f} s "
                       f"(limit {a.lease_s:g} s): stopping server process group {pgid}", flush=True)
-                print(f"sent {stop_group(pgid, 30)}", flush=True)
+                sent, escaped = stop_group(pgid, 30, token)
+                print(f"sent {sent}" + (f" (also to {len(escaped)} processes that had left the session)"
+                                        if escaped else ""), flush=True)
             remove_secrets(run_dir)
-            if not (pgid and group_alive(pgid)):
+            if not any(server_processes(pgid, token)):
                 remove_pid_files(run_dir)
             return 0
         if pgid is None:
@@ -472,21 +524,36 @@ def cmd_watch(a) -> int:
 
 
 def cmd_reap(a) -> int:
-    """Stop servers and watchdogs of earlier sweeps under `workdir` whose lease has lapsed."""
-    stopped = []
+    """Stop servers and watchdogs of earlier sweeps under `workdir` whose lease has lapsed, with the
+    processes that left their server's session.
+
+    The runs are stopped at once, a thread each: one after the other, a few servers that ignore
+    SIGTERM (each given 15 s before SIGKILL) outlasted the time the orchestrator gives the reap, and
+    the host was set aside with servers still on it."""
+    from concurrent.futures import ThreadPoolExecutor  # here: the agent's other commands start without it
     runs = {os.path.dirname(p) for name in (RunFiles.PID, RunFiles.SECRETS)
             for p in glob.glob(os.path.join(a.workdir, "*", "*", name))}
-    for run_dir in sorted(runs):
-        if lease_age(os.path.join(run_dir, RunFiles.LEASE)) <= a.lease_s:
-            continue   # its orchestrator is still there
-        pgid = read_pid(os.path.join(run_dir, RunFiles.PID))
-        if pgid and group_alive(pgid):
-            stopped.append({"run_dir": run_dir, "pid": pgid, "signal": stop_group(pgid, 30)})
-            stop_group(read_pid(os.path.join(run_dir, RunFiles.WATCHDOG_PID)), 5)
-        remove_secrets(run_dir)
-        if not (pgid and group_alive(pgid)):
-            remove_pid_files(run_dir)
+    lapsed = [run_dir for run_dir in sorted(runs)   # the others' orchestrators are still there
+              if lease_age(os.path.join(run_dir, RunFiles.LEASE)) > a.lease_s]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(lapsed)))) as pool:
+        stopped = [s for s in pool.map(reap_run, lapsed) if s]
     return emit({"stopped": stopped})
+
+
+def reap_run(run_dir: str) -> dict | None:
+    """Stop one lapsed run's server and watchdog; what was stopped, None when nothing was signalled."""
+    pid_file = os.path.join(run_dir, RunFiles.PID)
+    pgid, token = read_pid(pid_file), read_marker(pid_file)
+    stopped = None
+    if any(server_processes(pgid, token)):
+        sent, escaped = stop_group(pgid, 30, token)
+        if sent:   # a group we may not signal (another user's, under a number that was ours) was not
+            stopped = {"run_dir": run_dir, "pid": pgid, "signal": sent, "escaped": len(escaped)}
+    stop_group(read_pid(os.path.join(run_dir, RunFiles.WATCHDOG_PID)), 5)
+    remove_secrets(run_dir)
+    if not any(server_processes(pgid, token)):
+        remove_pid_files(run_dir)
+    return stopped
 
 
 # --- profile capture ------------------------------------------------------------------------------

@@ -4,11 +4,16 @@ every path from these). Standard library only: it ships in the tools' zipapp.
 """
 
 
+MARKER = "HARNESS_RUN_TOKEN"
+"""The variable the launch wrapper puts in the server's environment, set to a value of that run alone
+(the fourth word of server.pid): every process of the server inherits it, whatever session it moves to."""
+
+
 class RunFiles:
     """The names inside a run folder."""
     LAUNCH = "launch.sh"
     SERVER_LOG = "server.log"
-    PID = "server.pid"                # the server's wrapper: pid, start time, boot id
+    PID = "server.pid"                # the server's wrapper: pid, start time, boot id, the run's MARKER value
     EXIT = "server.exit"              # its exit code, once it exited
     WATCHDOG_PID = "watchdog.pid"
     WATCHDOG_LOG = "watchdog.log"

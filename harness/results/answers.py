@@ -82,6 +82,8 @@ class Stop(Answer):
     gpu_released: bool | None = None
     gpu_memory_used_mib: list[float | None] = Field(default_factory=list)
     gpu_memory_before_mib: list[float | None] = Field(default_factory=list)
+    escaped: int = 0         # processes that had left the server's session (setsid), found by its marker
+    escaped_alive: int = 0   # of those, still running after the stop
 
 
 class TraceFile(Answer):

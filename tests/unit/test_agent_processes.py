@@ -5,6 +5,8 @@ future or far in the past, and a pid file whose number now names another user's 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -168,6 +170,92 @@ def test_a_pid_file_naming_another_users_group_signals_nothing_and_says_so():
                 os.kill(child, signal.SIGKILL)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root (to be another user) and a python the other user can run")
+def test_reap_does_not_report_as_stopped_a_group_it_could_not_signal():
+    """A lapsed run whose pid file names another user's group: reap signals nothing, and says it
+    stopped nothing (it listed the run as stopped, with no signal, and the sweep's log said so)."""
+    work = Path(tempfile.mkdtemp())
+    run_dir = work / "sweep" / "run"
+    child_file = work / "child"
+    try:
+        run_dir.mkdir(parents=True)
+        for d in (work, work / "sweep", run_dir):
+            os.chmod(d, 0o755)
+        daemon = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                                   "if os.fork(): sys.exit(0)\n"
+                                   f"open({str(child_file)!r}, 'w').write(str(os.getpid()))\n"
+                                   "time.sleep(120)\n"], start_new_session=True)
+        daemon.wait(timeout=30)
+        assert wait_for(lambda: child_file.exists() and child_file.read_text(), 30)
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        (run_dir / "server.pid").write_text(f"{daemon.pid} 1 {boot}\n")
+        (run_dir / "lease").touch()
+        os.utime(run_dir / "lease", (time.time() - 1000, time.time() - 1000))
+        answer = subprocess.run(["/usr/bin/python3", "-m", "harness.remote", "agent", "reap", "--workdir",
+                                 str(work), "--lease-s", "60"], cwd=REPO, capture_output=True, text=True,
+                                timeout=120, user=65534, group=65534)
+        assert "Traceback" not in answer.stderr, answer.stderr
+        assert answer.returncode == 0 and answer.stdout.strip() == '{"stopped": []}', answer.stdout
+        assert live(int(child_file.read_text()))
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(child_file.read_text()), signal.SIGKILL)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# A server that ignores SIGTERM and, at it, notes whether every server listed in its second argument's
+# file still ran (none already killed).
+PATIENT = """
+import os, signal, sys, time
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+def on_term(*_):
+    peers = [int(p) for p in open(sys.argv[2]).read().split()]
+    with open(sys.argv[1], "w") as f:
+        f.write("all running" if all(alive(p) for p in peers) else "one was killed before")
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1] + ".up", "w").close()
+while True:
+    time.sleep(1)
+"""
+
+
+def test_reap_stops_the_lapsed_runs_at_once(tmp_path):
+    """Servers that ignore SIGTERM, each given 15 s before SIGKILL: stopped one after the other, a
+    reap of several outlasted the time the orchestrator gives it, and the host was set aside with
+    servers left on it. Each server here notes at its SIGTERM whether all the others still run."""
+    work, peers = tmp_path / "work", tmp_path / "peers"
+    run_dirs = [work / "sweep" / f"run-{i}" for i in range(3)]
+    procs = []
+    try:
+        for run_dir in run_dirs:
+            run_dir.mkdir(parents=True)
+            procs.append(subprocess.Popen([sys.executable, "-c", PATIENT, str(run_dir / "term"), str(peers)],
+                                          start_new_session=True))
+        assert wait_for(lambda: all((d / "term.up").exists() for d in run_dirs), 60)
+        (tmp_path / "peers.tmp").write_text(" ".join(str(p.pid) for p in procs))
+        os.rename(tmp_path / "peers.tmp", peers)
+        for run_dir, proc in zip(run_dirs, procs, strict=True):
+            write_pid(str(run_dir / "server.pid"), proc.pid)
+            (run_dir / "lease").touch()
+            os.utime(run_dir / "lease", (time.time() - 1000, time.time() - 1000))
+        answer = agent("reap", "--workdir", str(work), "--lease-s", "60")
+        assert answer.returncode == 0, answer.stderr
+        stopped = json.loads(answer.stdout)["stopped"]
+        assert sorted(s["pid"] for s in stopped) == sorted(p.pid for p in procs)
+        assert [(d / "term").read_text() for d in run_dirs] == ["all running"] * 3
+        assert not any((d / "server.pid").exists() for d in run_dirs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 NVIDIA_SMI_NA = """#!/bin/sh
