@@ -36,7 +36,7 @@ from harness.render import (
     render_template,
 )
 from harness.results.layout import HostRunLayout
-from harness.secrets import Redactor, arg_env_name, is_secret
+from harness.secrets import MASK, Redactor, arg_env_name, is_secret
 
 
 @dataclass(frozen=True)
@@ -294,6 +294,22 @@ def new_sweep_id(name: str) -> str:
     return f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def _refuse_masked_secrets(sweep: Sweep) -> None:
+    """A secret whose value is ***: a playbook copied from a run's record (`harness reproduce` writes
+    one, secrets masked), run as it is. The server would be launched with *** for a token or key."""
+    pb, doc = sweep.playbook, sweep.doc
+    sections: list[tuple[Loc, dict[str, Any], dict[str, Any]]] = [(("server",), pb.server.env, pb.server.args)]
+    sections += [(c.at, c.env, c.args) for c in pb.all_configs if c.at]
+    for at, env, args in sections:
+        for part, values in (("env", env), ("args", args)):
+            for name, value in values.items():
+                if is_secret(name, sweep.secret_names) and (value == MASK or isinstance(value, list) and MASK in value):
+                    where: Loc = (*at, part, name)
+                    raise InputError(f"is {MASK}, a secret as a run's record masks it, not its value: give the "
+                                     "value itself here (`harness reproduce RUN_DIR` takes it from the environment)",
+                                     file=str(doc.path), key=".".join(map(str, where)), line=doc.line(where))
+
+
 def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: str | None = None,
                sweep_id: str | None = None) -> Sweep:
     """Load and validate everything; raises InputError naming file, key and line."""
@@ -334,6 +350,7 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
             raise InputError("a secret is not a matrix axis: its values would name the runs (run ids, folders, "
                              "the report); give it in server.env or a configuration's env",
                              file=str(doc.path), key=".".join(map(str, axis)), line=doc.line(axis))
+    _refuse_masked_secrets(sweep)
     sweep.runs = [] if pb.optuna else expand(pb, hosts, doc, engine)   # a search's runs come as it goes
     sweep.validate()
     if pb.optuna:   # the template's mistakes before any host, on the space's first point

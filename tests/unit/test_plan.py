@@ -124,6 +124,20 @@ def test_secrets_never_reach_the_script(files):
     assert sweep.redactor.text("token=hf_s3cr3t'$x") == "token=***"
 
 
+@pytest.mark.parametrize("old, new, key, line", [
+    ('HF_TOKEN: "hf_s3cr3t\'$x"', 'HF_TOKEN: "***"', "server.env.HF_TOKEN", 7),
+    ("{name: ep8, args: {", "{name: ep8, args: {api-key: '***', ", "configs.1.args.api-key", 10),
+    ("{name: ep8, args: {", "{name: ep8, args: {api-key: [a, '***'], ", "configs.1.args.api-key", 10),
+])
+def test_a_secret_masked_as_a_record_masks_it_is_refused_naming_its_key(files, old, new, key, line):
+    """A playbook copied out of a run's record holds *** for each secret: run as it is, the server would
+    get *** for its token or key."""
+    with pytest.raises(InputError) as e:
+        load_sweep(*files(PLAYBOOK.replace(old, new)))
+    assert (e.value.key, e.value.line) == (key, line) and "***" in e.value.message
+    load_sweep(*files(PLAYBOOK.replace('"hf_s3cr3t\'$x"', '"a***b"')))   # a value that holds *** is a value
+
+
 def test_pool_runs_may_land_on_any_matching_host_and_each_pins_them(files):
     sweep = load_sweep(*files(), sweep_id="s1")
     assert [r.run_id for r in sweep.runs] == ["tp8-1", "ep8-1"]
