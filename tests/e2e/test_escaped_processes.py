@@ -13,6 +13,7 @@ from pathlib import Path
 from tests.conftest import harness
 from tests.e2e.test_faults import listening, port_of, start_sweep, wait_until
 from tests.e2e.test_sweep import manifests, playbook
+from tests.unit.test_agent_processes import live
 
 # Double-forks, the middle process calling setsid: the grandchild is in neither the launch wrapper's
 # process group nor its session. It ignores SIGTERM and names itself by a file in the folder given.
@@ -29,14 +30,6 @@ open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
 while True:
     time.sleep(1)
 """
-
-
-def live(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def escaping(tmp_path: Path) -> tuple[Path, Path]:

@@ -68,6 +68,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def orphaned_group(child_file: Path) -> subprocess.Popen:
+    """A process group whose leader has exited, its one member (pid in `child_file`) asleep for two
+    minutes: what another user's daemon leaves under a number that was once our server's."""
+    daemon = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                               "if os.fork(): sys.exit(0)\n"
+                               f"open({str(child_file)!r}, 'w').write(str(os.getpid()))\n"
+                               "time.sleep(120)\n"], start_new_session=True)
+    daemon.wait(timeout=30)
+    assert wait_for(lambda: child_file.exists() and child_file.read_text(), 30)
+    return daemon
+
+
 @pytest.fixture
 def server(tmp_path):
     """A server leading its own session and group (as the launch wrapper does), its pid file written."""
@@ -148,12 +160,7 @@ def test_a_pid_file_naming_another_users_group_signals_nothing_and_says_so():
     try:
         os.chmod(run_dir, 0o755)
         child_file = run_dir / "child"
-        daemon = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
-                                   "if os.fork(): sys.exit(0)\n"
-                                   f"open({str(child_file)!r}, 'w').write(str(os.getpid()))\n"
-                                   "time.sleep(120)\n"], start_new_session=True)
-        daemon.wait(timeout=30)
-        assert wait_for(lambda: child_file.exists() and child_file.read_text(), 30)
+        daemon = orphaned_group(child_file)
         child = int(child_file.read_text())
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         (run_dir / "server.pid").write_text(f"{daemon.pid} 1 {boot}\n")
@@ -184,12 +191,7 @@ def test_reap_does_not_report_as_stopped_a_group_it_could_not_signal():
         run_dir.mkdir(parents=True)
         for d in (work, work / "sweep", run_dir):
             os.chmod(d, 0o755)
-        daemon = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
-                                   "if os.fork(): sys.exit(0)\n"
-                                   f"open({str(child_file)!r}, 'w').write(str(os.getpid()))\n"
-                                   "time.sleep(120)\n"], start_new_session=True)
-        daemon.wait(timeout=30)
-        assert wait_for(lambda: child_file.exists() and child_file.read_text(), 30)
+        daemon = orphaned_group(child_file)
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         (run_dir / "server.pid").write_text(f"{daemon.pid} 1 {boot}\n")
         (run_dir / "lease").touch()
@@ -286,8 +288,11 @@ def test_stopping_the_sampler_leaves_no_sleep_behind():
     """The sampler gone at its SIGTERM: the killer that would SIGKILL it later is ended, its sleep
     with it (before, the sleep stayed on the host, adopted by init, for the grace's 30 s)."""
     from harness.lifecycle.measure import stop_sampler
-    subprocess.run(["bash", "-c", "sleep 100 & tpid=$!; " + stop_sampler(37.25)], check=True, timeout=60)
-    left = subprocess.run(["pgrep", "-f", "^sleep 37.25$"], capture_output=True, text=True).stdout.split()
+    shell = subprocess.Popen(["bash", "-c", "sleep 100 & tpid=$!; " + stop_sampler(37.25)], start_new_session=True)
+    assert shell.wait(timeout=60) == 0
+    # this shell's session alone: the same test may run beside this one on the machine
+    left = subprocess.run(["pgrep", "-s", str(shell.pid), "-f", "^sleep 37.25$"], capture_output=True,
+                          text=True).stdout.split()
     for pid in left:
         os.kill(int(pid), signal.SIGKILL)
     assert left == []

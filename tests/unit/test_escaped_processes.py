@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ import pytest
 from harness.lifecycle import server
 from harness.remote.agent import group_members
 from harness.results.answers import read_answer
+from tests.e2e.test_faults import listening
+from tests.unit.test_agent_processes import free_port, live, orphaned_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,37 +54,6 @@ os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 while True:
     time.sleep(1)
 """
-
-
-def live(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_words(*args) -> list[str]:
@@ -276,12 +246,7 @@ def test_teardown_warns_when_server_processes_outlive_the_stop():
     child_file = run_dir / "child"
     try:
         os.chmod(run_dir, 0o755)
-        daemon = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
-                                   "if os.fork(): sys.exit(0)\n"
-                                   f"open({str(child_file)!r}, 'w').write(str(os.getpid()))\n"
-                                   "time.sleep(120)\n"], start_new_session=True)
-        daemon.wait(timeout=30)
-        assert wait_for(lambda: child_file.exists() and child_file.read_text(), 30)
+        daemon = orphaned_group(child_file)
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         (run_dir / "server.pid").write_text(f"{daemon.pid} 1 {boot}\n")
         os.chmod(run_dir / "server.pid", 0o644)
