@@ -380,21 +380,22 @@ def workload_of(row: dict) -> tuple[str | None, str]:
 
 
 def flaws(rows: list[dict]) -> dict[str, str]:
-    """Why a configuration may not be named the winner, by configuration: a run of it failed, a level
-    (not a probe of max_load, whose losses merely miss the SLO) lost requests, or its bench.json
-    contradicts itself. Its figures stay in the table; a winner is named among the others."""
+    """Why a configuration may not be named the winner, by configuration: a run of it failed (a failed
+    repeat leaves only its lucky runs), or its bench.json contradicts itself. Its figures stay in the
+    table; a winner is named among the others."""
     out: dict[str, str] = {}
     for r in rows:
         if r.get("runs_failed"):
-            why = f"{r['runs_failed']} failed run{'s' if r['runs_failed'] > 1 else ''}"
-        elif r.get("failed") and not r.get("probe"):
-            why = f"{r['failed']} failed requests at {load_label(r)}"
+            out.setdefault(r["config"], f"{r['runs_failed']} failed run{'s' if r['runs_failed'] > 1 else ''}")
         elif r.get("notes"):
-            why = "figures its bench.json contradicts"
-        else:
-            continue
-        out.setdefault(r["config"], why)
+            out.setdefault(r["config"], "figures its bench.json contradicts")
     return out
+
+
+def _lost_requests(row: dict) -> str | None:
+    """Why a row may not win at its load: it lost requests (a level that did serves the rest faster),
+    unless it is a probe of max_load, whose losses merely miss the SLO."""
+    return f"{row['failed']} failed requests at {load_label(row)}" if row.get("failed") and not row.get("probe") else None
 
 
 def winner(rows: list[dict]) -> dict | None:
@@ -402,10 +403,10 @@ def winner(rows: list[dict]) -> dict | None:
     hold: its scenario and load kind; another scenario's rows are other work, not rivals), whether the
     intervals show it ahead of the next one, and its launch command.
 
-    Never one with failures (`flaws`): a level that lost requests serves the rest faster, a failed
-    repeat leaves only its lucky runs. The load is the highest that the most configurations measured:
-    a level only one configuration has (missing from the others, or one a host made up) is no contest
-    won. The configurations left out are named (`left_out`), each with why."""
+    Never one with failures: a failed run or contradicted figures (`flaws`), or requests lost at the
+    load it would win at. The load is the highest that the most configurations measured: a level only
+    one configuration has (missing from the others, or one a host made up) is no contest won. The
+    configurations left out are named (`left_out`), each with why."""
     flawed = flaws(rows)
     ok = [r for r in rows if r["ok"] and r.get("output_tok_s") and not r.get("probe") and r["config"] not in flawed]
     if not ok:
@@ -423,13 +424,17 @@ def winner(rows: list[dict]) -> dict | None:
 
     measured = {x: len({r["config"] for r in ok if load(r) == x}) for x in map(load, ok)}
     top = max(measured, key=lambda x: (measured[x], x))
-    at = sorted((r for r in ok if load(r) == top), key=lambda r: -r["output_tok_s"])
+    lost = {r["config"]: why for r in ok if load(r) == top and (why := _lost_requests(r))}
+    at = sorted((r for r in ok if load(r) == top and r["config"] not in lost), key=lambda r: -r["output_tok_s"])
+    if not at:
+        return None
     best, second = at[0], (at[1] if len(at) > 1 else None)
     judged = second and noise.verdict(best.get("output_tok_s_ci"), second.get("output_tok_s_ci"),
                                       higher_is_better=True)
     there = {r["config"] for r in at}
     where = f"{top:g} req/s" if kind == "request_rate" else f"concurrency {top:g}"
-    left_out = [f"{c} ({flawed.get(c) or f'no figure at {where}'})" for c in rivals if c not in there]
+    why_not = flawed | lost
+    left_out = [f"{c} ({why_not.get(c) or f'no figure at {where}'})" for c in rivals if c not in there]
     return {"config": best["config"], "concurrency": best["concurrency"], "request_rate": best.get("request_rate"),
             "scenario": scenario, "workloads": len(workloads), "output_tok_s": best["output_tok_s"],
             "ci": best.get("output_tok_s_ci"), "runner_up": second and second["config"],
@@ -442,7 +447,11 @@ def no_winner_text(rows: list[dict]) -> str | None:
     """Why no winner is named although some configuration has figures (each has failures), else None."""
     if winner(rows) is not None or not any(r["ok"] and r.get("output_tok_s") for r in rows):
         return None
-    return "no winner: " + "; ".join(f"{c}: {why}" for c, why in flaws(rows).items())
+    why = flaws(rows)
+    for r in rows:
+        if r["config"] not in why and (lost := _lost_requests(r)):
+            why[r["config"]] = lost
+    return "no winner: " + "; ".join(f"{c}: {w}" for c, w in why.items())
 
 
 def launch_line(rows: list[dict]) -> str | None:

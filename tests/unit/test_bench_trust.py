@@ -255,6 +255,22 @@ def test_a_configuration_that_lost_requests_is_not_the_winner_and_none_left_says
     assert "no winner: lossy-1: 2 failed requests at 4" in " ".join(shown(compare.table(rows)).split())
 
 
+def test_requests_lost_at_another_load_do_not_keep_a_configuration_from_winning(tmp_path):
+    """A request lost at concurrency 1 says nothing of concurrency 4, where the winner is named."""
+    sweep = tmp_path / "s-1"
+    lossy_low = real_level(1)
+    lossy_low.update(requests=lossy_low["requests"] + 1, failed=1)
+    better = real_level(4)
+    for key in ("output_tok_s", "requests_per_s"):
+        better[key] *= 2
+    better["duration_s"] /= 2
+    better.update(started_ns=None, ended_ns=None)
+    write_run(sweep, "a-1", [lossy_low, better])
+    write_run(sweep, "b-1", [real_level(1), real_level(4)])
+    best = compare.winner(compare.collect([sweep]))
+    assert (best["config"], best["concurrency"], best["left_out"]) == ("a-1", 4, [])
+
+
 def test_a_load_only_one_configuration_measured_is_no_contest_won(tmp_path):
     """A level the others lack (a host's invention, or theirs lost): before, its lone row won."""
     sweep = tmp_path / "s-1"
