@@ -395,7 +395,9 @@ def flaws(rows: list[dict]) -> dict[str, str]:
 def _lost_requests(row: dict) -> str | None:
     """Why a row may not win at its load: it lost requests (a level that did serves the rest faster),
     unless it is a probe of max_load, whose losses merely miss the SLO."""
-    return f"{row['failed']} failed requests at {load_label(row)}" if row.get("failed") and not row.get("probe") else None
+    if not row.get("failed") or row.get("probe"):
+        return None
+    return f"{row['failed']} failed requests at {load_label(row)}"
 
 
 def winner(rows: list[dict]) -> dict | None:
