@@ -15,11 +15,18 @@ Facts, each with the release it was read from:
   `"step[EXTEND bs=1 toks=1024]"`, `MIXED`, `IDLE`, and with speculative decoding `VERIFY` and `DRAFT`.
 - Health: connection refused while loading, then `/health` 503 until the warm-up generation is done.
 - Metrics (0.5.23 `srt/observability/metrics_collector.py`): `/metrics` only with `--enable-metrics`
-  (else a 404), open without the API key. `sglang:token_usage` is the KV pool's used share,
-  `sglang:prompt_tokens_total` and `sglang:cached_tokens_total` (by `cache_source`) count the prompt
-  and prefix-cached tokens of finished requests, `sglang:spec_accept_rate` / `spec_accept_length` are
-  gauges of the last batches; with priority scheduling the queue gauges add per-`priority` samples
-  beside the total.
+  (else a 404), open with or without the API key (`srt/utils/auth.py` decide_request_auth lets every
+  path beginning /health, /ready or /metrics through). `sglang:token_usage` is the KV pool's used share
+  (the fullest of its full, SWA and mamba pools), `sglang:prompt_tokens_total` and
+  `sglang:cached_tokens_total` (by `cache_source`) count the prompt and prefix-cached tokens of
+  finished requests, each label set made at its first increment (`cached_tokens_total`'s at the first
+  prefix hit: absent before it); `sglang:spec_accept_rate` / `spec_accept_length` are gauges of the
+  last batches, both 0 without speculative decoding (`scheduler_components/metrics_reporter.py`);
+  with priority scheduling the queue gauges add per-`priority` samples beside the total. Scheduler
+  gauges are labelled `model_name`, `engine_type`, `tp_rank`, `pp_rank`, `moe_ep_rank` (`dp_rank`
+  with DP) and written by the first attention-TP rank of every DP group and pipeline stage; each
+  stage holds the same waiting queue (`scheduler_components/request_receiver.py` relays every
+  request), so the report reads `num_queue_reqs` at `pp_rank` 0 (harness/report/telemetry_view.py).
 - Several hosts (0.5.23 `arg_groups/fields/parallel.py`, `entrypoints/engine.py`): `--nnodes N`,
   `--node-rank R`, `--dist-init-addr HOST:PORT` (alias `--nccl-init-addr`), the same command on every
   node; torch.distributed meets at node 0's address, so node 0 is not up until every node joined.

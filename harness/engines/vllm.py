@@ -25,8 +25,11 @@ Facts, each with the release it was seen in:
   and 0.32.0 `v1/worker/gpu_worker.py` annotate_profile).
 - Health: connection refused until the engine is up, then `/health` 200.
 - Metrics (0.26.0 and 0.32.0 `v1/metrics/loggers.py`, `v1/spec_decode/metrics.py`): `/metrics` in the
-  Prometheus text format, open without the API key, every sample labelled `engine` (one per
-  data-parallel engine) and `model_name`; counters as `NAME_total` with a `NAME_created` beside.
+  Prometheus text format, open with or without the API key (0.32.0
+  `entrypoints/serve/middleware/authenticate.py` guards only /v1, /v2, /inference and /cohere; the
+  CPU build answered /metrics 200 under `--api-key`, with no key and with a wrong one), every sample
+  labelled `engine` (one per data-parallel engine) and `model_name`, each engine's series made at
+  start (present from the first scrape); counters as `NAME_total` with a `NAME_created` beside.
   `vllm:kv_cache_usage_perc` is a fraction (1 = 100 %) despite its name; the prefix-cache counters
   count tokens; the spec-decode counters exist only with `--speculative-config`.
 - Several hosts (0.26.0 and 0.32.0 `engine/arg_utils.py` ParallelConfig group, `entrypoints/cli/serve.py`

@@ -96,7 +96,11 @@ def telemetry_shell(ctx: RunContext, budget: float) -> tuple[str, str]:
     """Shell that starts the sampler in the background and waits until its first round is written, and
     shell that stops it (SIGTERM: it samples once more and ends). ("", "") when the playbook turns
     telemetry off; GPUs only for an engine whose record lists no /metrics families. The sampler ends
-    by itself after the benchmark's budget, or when this shell is gone."""
+    by itself after the benchmark's budget, or when this shell is gone. When the server asks for an API
+    key the sampler sends it too, as the benchmark client does (`--api-key-env`, the run's secrets
+    sourced into its own environment only): vLLM 0.32.0 and SGLang 0.5.23 leave /metrics open, but a
+    guarded /metrics would otherwise answer every scrape 401. Its subshell `exec`s the sampler, so
+    `$tpid` is the sampler itself, which the stop signals."""
     t = ctx.sweep.playbook.telemetry
     if not t.enabled:
         return "", ""
@@ -104,8 +108,8 @@ def telemetry_shell(ctx: RunContext, budget: float) -> tuple[str, str]:
     spec = json.dumps([m.as_dict() for m in engine.metrics], separators=(",", ":"))
     sampler = tool_command(ctx.python, ctx.tools_dir, "telemetry", "--url", ctx.base_url + engine.metrics_path,
                            "--out", ctx.paths.telemetry, "--interval", t.interval_s, "--duration", round(budget + 120),
-                           "--metrics", spec, *([] if engine.metrics else ["--no-metrics"]))
-    start = (f"rm -f {out}; {sampler} >/dev/null 2>&1 </dev/null & tpid=$!; i=0; "
+                           "--metrics", spec, *([] if engine.metrics else ["--no-metrics"]), *key_words(ctx))
+    start = (f"rm -f {out}; ( {with_key(ctx, 'exec ' + sampler)} ) >/dev/null 2>&1 </dev/null & tpid=$!; i=0; "
              f"while [ ! -s {out} ] && [ $i -lt {TELEMETRY_FIRST_S * 10} ] && [ -e /proc/$tpid ] "
              "&& ! grep -q ') Z' /proc/$tpid/stat 2>/dev/null; do sleep 0.1; i=$((i+1)); done; ")
     return start, stop_sampler(TELEMETRY_STOP_S)

@@ -24,6 +24,14 @@ not asked again that run, and a value it could not read (`ERR!`, or no finite nu
 goes wrong is written as a `note` line (the first time each message is seen) and never ends the
 sampler: telemetry describes a run, it never fails one. A write the disk cannot take is undone to the
 last whole line, and the sampler goes on.
+
+With `--api-key-env NAME` every scrape sends `Authorization: Bearer` with the key held in that
+variable (the server's API key, the one the benchmark client sends): vLLM 0.32.0 and SGLang 0.5.23
+leave /metrics open whatever the key, but a server behind a proxy, or a template's own guard, may
+not. The key is read from the environment only, never from the command line, and no message names
+it. A 401 or 403 from /metrics is a note saying whether a key was sent, so a guarded /metrics is
+never mistaken for a server without metrics; a NAME not set here is a note too, and the scrapes go
+on without it (an exit here would leave no telemetry.jsonl at all, and nothing in the report).
 Exit 0, or 2 on bad arguments.
 """
 
@@ -59,6 +67,16 @@ SMI_ERROR_CELL = re.compile(r"(^|,)\s*(ERR!|N/A|Not Supported|Unknown Error)\s*(
 bracketed, it is read as [N/A] is, None for that GPU's field alone (the table stands)."""
 GPU_QUERY = ("index", "clocks.sm", "memory.used", "power.draw", "utilization.gpu")
 """What nvidia-smi is asked per GPU (`--query-gpu`), in its own spelling."""
+
+
+class Refused(ValueError):
+    """An answer other than 200, with its status: a 401 or 403 says the server wants credentials."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def fetch_metrics(url: str, *, max_bytes: int = MAX_METRICS_BYTES, timeout: float = HTTP_TIMEOUT_S,
                   headers: dict[str, str] | None = None) -> str:
     """GET `url` (the engine's /metrics) as text; ValueError naming what was wrong with the answer
@@ -89,7 +107,7 @@ def fetch_metrics(url: str, *, max_bytes: int = MAX_METRICS_BYTES, timeout: floa
                      headers={"Accept": "text/plain", "Accept-Encoding": "identity", **(headers or {})})
         response = conn.getresponse()
         if response.status != 200:
-            raise ValueError(f"GET {parts.path} answered HTTP {response.status}")
+            raise Refused(f"GET {parts.path} answered HTTP {response.status}", response.status)
         length = response.getheader("Content-Length")
         if length and length.isdigit() and int(length) > max_bytes:
             raise ValueError(f"the /metrics answer of {int(length):,} bytes is over the {max_bytes:,} byte "
@@ -160,9 +178,10 @@ class Sampler:
 
     def __init__(self, url: str | None, families: list[str] | None, *, max_bytes: int = MAX_METRICS_BYTES,
                  headers: dict[str, str] | None = None, smi: str | None = "nvidia-smi",
-                 smi_timeout: float = SMI_TIMEOUT_S):
+                 smi_timeout: float = SMI_TIMEOUT_S, key_env: str | None = None):
         self.url, self.families = url, families
         self.max_bytes, self.headers = max_bytes, headers or {}
+        self.key_env = key_env       # the variable the API key in `headers` came from: named in notes
         self.smi = shutil.which(smi) if smi else None
         self.smi_timeout = smi_timeout
         self.lines: list[dict] = []
@@ -198,6 +217,8 @@ class Sampler:
         sent = time.monotonic_ns()
         try:
             text = fetch_metrics(self.url, max_bytes=self.max_bytes, headers=self.headers)
+        except Refused as e:
+            return self.note("metrics", f"{self.url}: {e}{self.refusal(e.status)}")
         except (OSError, ValueError) as e:
             return self.note("metrics", f"{self.url}: {e}")
         got = time.monotonic_ns()
@@ -210,6 +231,17 @@ class Sampler:
         self.counts["metrics"] += 1
         self.lines.append({"t_ns": sent, "t_end_ns": got, "source": "metrics",
                            "values": {k: json_value(v) for k, v in values.items()}})
+
+    def refusal(self, status: int) -> str:
+        """What a 401 or 403 from /metrics means here (nothing for another status): the server wants
+        credentials for its metrics, and either got none or refused the API key sent."""
+        if status not in (401, 403):
+            return ""
+        if "Authorization" in self.headers:
+            return (f": the server refused the API key sent (from ${self.key_env or 'its variable'}); "
+                    "no server metrics while it does")
+        return (": the server asks for credentials on /metrics and none were sent (the sampler sends the "
+                "server's API key when the run gives the server one); no server metrics while it does")
 
     def sample_gpus(self) -> None:
         assert self.smi is not None
@@ -285,10 +317,9 @@ def run(args: argparse.Namespace) -> int:
     spec = args.metrics or []
     families = sorted({f for f in args.families.split(",") if f} | {m["family"] for m in spec}) or None
     try:
-        headers = auth_headers(args.api_key_env)
-    except ValueError as e:
-        print(f"telemetry: error: {e}", file=sys.stderr)
-        return 2
+        headers, unset = auth_headers(args.api_key_env), ""
+    except ValueError:   # scraped without it, said in the file: an exit would leave no file to say so
+        headers, unset = {}, f"--api-key-env: {args.api_key_env} is not set here: /metrics asked without the API key"
     stopping: list[int] = []
     wake, wake_w = os.pipe()      # a signal writes a byte here (set_wakeup_fd): the wait ends at once
     os.set_blocking(wake, False)
@@ -298,7 +329,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
     parent, started = os.getppid(), time.monotonic()
     sampler = Sampler(None if args.no_metrics else args.url, families, max_bytes=args.max_bytes, headers=headers,
-                      smi=None if args.no_gpu else args.nvidia_smi, smi_timeout=args.smi_timeout)
+                      smi=None if args.no_gpu else args.nvidia_smi, smi_timeout=args.smi_timeout,
+                      key_env=args.api_key_env)
+    if unset and not args.no_metrics:
+        sampler.note("metrics", unset)
     out = Out(args.out, sampler)
     try:
         begun = time.monotonic_ns()
@@ -350,7 +384,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--smi-timeout", type=float, default=SMI_TIMEOUT_S, help="seconds nvidia-smi may take")
     p.add_argument("--no-gpu", action="store_true", help="sample no GPUs")
     p.add_argument("--no-metrics", action="store_true", help="sample no /metrics (an engine with none)")
-    p.add_argument("--api-key-env", help="an environment variable holding the server's API key")
+    p.add_argument("--api-key-env", help="an environment variable holding the server's API key, sent with "
+                   "every scrape as `Authorization: Bearer`")
     return p
 
 

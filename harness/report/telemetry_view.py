@@ -18,6 +18,15 @@ same for every engine:
     spec_accept_length      1 + accepted / drafts (vLLM), or SGLang's spec_accept_length gauge: tokens
                             a verify step yields
 
+A counter's label set that one scrape lacks and a later one has was created in between, at its first
+increment, so it counted from 0 (prometheus_client writes a labelled series only once `.labels()` made
+it: SGLang 0.5.23 makes `sglang:cached_tokens_total{cache_source=...}` at the first prefix-cache hit,
+`srt/observability/metrics_collector.py` observe_one_finished_request); read as missing, the first
+level with a hit had no hit rate at all. SGLang's speculative gauges are 0 when the server does not
+speculate (0.5.23 `managers/scheduler_components/metrics_reporter.py`, spec_algorithm.is_none()): a
+verify step yields at least its bonus token, so a scrape whose spec_accept_length is 0 speaks of no
+speculative decoding and gives neither spec figure (else every SGLang run showed an acceptance of 0 %).
+
 Per GPU (nvidia-smi's `index`), over the same bracketing of the GPU samples: SM clock (mean, MHz),
 memory used (max, MiB), power (mean, W) and utilization (mean, %); `gpu` sums the power and takes the
 mean of the clocks and utilization and the max of the memory over the GPUs. Nothing here reads a
@@ -59,26 +68,50 @@ def inside(samples: Sequence[TelemetryLine], start_ns: int, end_ns: int) -> list
     return [s for s in samples if s.t_ns >= start_ns and (s.t_end_ns or s.t_ns) <= end_ns]
 
 
+COPIES = {"waiting": ("pp_rank", "0")}
+"""Figures that every pipeline stage reports a copy of, by the label and value of the one kept: SGLang
+0.5.23 relays each request from pipeline stage to stage (`managers/scheduler_components/
+request_receiver.py`), so every stage's scheduler holds the same waiting queue, and each stage's
+first TP rank writes `sglang:num_queue_reqs` with its own `pp_rank` (`srt/observability/
+metrics_collector.py` SchedulerMetricsCollector.init_new): summed, a --pp-size 2 server's queue
+counted each request twice. Running requests are not copies: each stage reports the micro-batch it
+ran last, a different one, so their sum stands."""
+
+
 def value_of(values: dict[str, Any], metric: TelemetryMetric) -> float | None:
     """A family's samples in one scrape combined as the metric says (sum or mean over label sets), the
-    breakdowns of a total left out; None when the scrape has none (or only NaN)."""
+    breakdowns of a total and the copies (COPIES) left out; None when the scrape has none (or only NaN)."""
     names = {metric.family, f"{metric.family}_total"} if metric.kind == "counter" else {metric.family}
+    copy = COPIES.get(metric.key)
     found = []
     for key, v in values.items():
         name, _, rest = key.partition("{")
         if name not in names or not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
             continue
-        if metric.breakdown and rest:
+        if (metric.breakdown or copy) and rest:
             try:
                 labels = parse_labels("{" + rest)
             except ValueError:
                 continue
             if any(labels.get(b) for b in metric.breakdown):
                 continue
+            if copy and labels.get(copy[0], copy[1]) != copy[1]:
+                continue
         found.append(float(v))
     if not found:
         return None
     return sum(found) if metric.across == "sum" else sum(found) / len(found)
+
+
+SPECULATIVE_GAUGES = ("spec_accept_rate", "spec_accept_length")
+"""Gauges read only from scrapes whose spec_accept_length is above 0 (the module docstring)."""
+
+
+def _speculating(within: Sequence[TelemetryLine], metrics: Sequence[TelemetryMetric]) -> list[TelemetryLine]:
+    length = next((m for m in metrics if m.key == "spec_accept_length"), None)
+    if length is None:
+        return list(within)
+    return [s for s in within if (value_of(s.values, length) or 0.0) > 0]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -94,10 +127,14 @@ def level_summary(t: TelemetryFile, start_ns: int | None, end_ns: int | None) ->
     own = inside(samples, start_ns, end_ns)
     within = own or window
     out: dict[str, Any] = {"samples": len(window), "bracketed": bracketed, "sampled_within": bool(own)}
+    speculating = _speculating(within, t.metrics)
     for m in t.metrics:
-        series = [v for s in within if (v := value_of(s.values, m)) is not None]
+        series = [v for s in (speculating if m.key in SPECULATIVE_GAUGES else within)
+                  if (v := value_of(s.values, m)) is not None]
         if m.kind == "counter":
             first, last = (value_of(window[0].values, m), value_of(window[-1].values, m)) if window else (None, None)
+            if first is None and last is not None:
+                first = 0.0      # not yet made at the first scrape: it counted from 0 (module docstring)
             grew = last - first if bracketed and first is not None and last is not None else None
             out[m.key] = grew if grew is None or grew >= 0 else None   # a restarted server counts from 0
         elif series:
