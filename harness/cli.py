@@ -170,7 +170,9 @@ def sweep(playbook: Path, inventory: Inventory = Path("inventory.yaml"),
         left = plan_resume(sw, output / sw.sweep_id, retry_failed=retry_failed, accept_changes=accept_changes)
         _show(out, f"--resume of {sw.sweep_id} would run {len(left.todo)} of {len(sw.runs)} runs: "
               + (", ".join(s.run_id for s in left.todo) or "none"))
-        if source is not None:
+        if source is not None and (done := source.done()):   # it would ask no more: say so, not "then new trials"
+            _show(out, f"and no new trial: {done}", highlight=False)
+        elif source is not None:
             out.print(f"then new trials until the budget of {source.total} runs ({len(source.trial_of)} asked so "
                       "far), the patience or the space ends the search", highlight=False)
         return
@@ -229,6 +231,9 @@ def plan(playbook: Path, inventory: Inventory = Path("inventory.yaml"), limit: L
     from harness.plan import load_sweep
     sw = load_sweep(playbook, inventory, limit=limit)
     _notes(sw.inventory)
+    if sw.playbook.optuna is not None:   # what the sweep would refuse, the plan refuses
+        from harness.config.space import check
+        check(sw)
     _print_plan(sw, format)
 
 
@@ -284,12 +289,16 @@ def _print_plan(sw, format: str) -> None:
 
 
 def _print_search_plan(sw, format: str) -> None:
-    """What a search will do: its space, budget and objective, and the launch script of its first point."""
+    """What a search will do: its space, budget and objective, and the launch script of its first point.
+    As json, the plan's one shape, a list of {run_id, host, config, script}: the first point's run,
+    with the search's settings under `search` (a reader of plans, benchmarks/check_engine_flags.py,
+    takes any playbook's)."""
     from harness.plan import search_plan
     from harness.report.search_view import plan_text
     plan = search_plan(sw)
     if format == "json":
-        print(json.dumps(plan, indent=2))
+        settings = {k: v for k, v in plan.items() if k != "example"}
+        print(json.dumps([plan["example"] | {"search": settings}], indent=2))
         return
     _show(out, plan_text(plan), highlight=False)
     out.rule(Text.assemble(f"the first point, {plan['example']['run_id']}  ", (f"on {plan['example']['host']}", "dim")))

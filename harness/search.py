@@ -32,11 +32,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    check_distribution_compatibility,
+)
 from optuna.trial import FrozenTrial, TrialState
 
 from harness.config.playbook import Optuna
-from harness.config.space import Entry, Range, size
+from harness.config.space import Entry, Range, check, size
 from harness.errors import InputError
 from harness.journal import FINAL, latest_states
 from harness.plan import RunSpec, Sweep, search_run
@@ -52,6 +58,9 @@ from harness.results import (
 
 RUN_ID = "run_id"
 DUPLICATE_OF = "duplicate_of"
+REASON = "reason."
+"""A study attribute per failed trial (`reason.7`): why it has no value, kept for search.json once its
+run folder holds the run again (--retry-failed), which said nothing of the failure."""
 FIXED = ("objective", "direction", "level")
 """Settings a resumed study must keep: its values so far would mean something else."""
 MAX_DUPLICATES = 50
@@ -113,6 +122,7 @@ class Search:
     def __init__(self, sweep: Sweep, results: Path, *, resume: bool = False):
         settings = sweep.playbook.optuna
         assert settings is not None  # only a searching playbook makes one
+        check(sweep)   # trials that could never have a value: refused before the study or a host
         self.sweep, self.settings = sweep, settings
         self.layout = SweepLayout.of(results, sweep.sweep_id)
         self.total = settings.budget
@@ -121,7 +131,8 @@ class Search:
         self.grid_size = size(settings.space)
         self.trial_of: dict[str, int] = {}        # run id -> the number of the trial that made it
         self.stopped: str | None = None           # why no more trials are asked
-        self.failure: str | None = None           # the study itself failed (the sweep says so and exits 1)
+        self.broken: str | None = None            # the study itself failed
+        self.best: float | None = None            # the best value so far (search.json's best)
         self.resume = resume
         self._study: optuna.Study | None = None
         self._settled = not resume
@@ -131,6 +142,17 @@ class Search:
             self._load()
 
     # --- the study --------------------------------------------------------------------------------
+
+    @property
+    def failure(self) -> str | None:
+        """Why the search failed, which the sweep says at its end (exit 1): its study failed, or it
+        ended with no trial valued, so it found nothing (every run failed, or none measured the
+        objective) though each run that failed said so, and a run that went well but measured
+        nothing said nothing."""
+        if self.broken or not self.stopped or self.best is not None:
+            return self.broken
+        return (f"the search found no value of {self.settings.objective}: every trial failed "
+                f"({self.layout.search} says why each did)")
 
     @property
     def direction(self) -> Literal["maximize", "minimize"]:
@@ -154,9 +176,29 @@ class Search:
                                  "trials' values would mean something else; start a new sweep",
                                  file=str(self.sweep.doc.path), key="search.optuna." + changed[0],
                                  line=self.sweep.doc.line(("search", "optuna", changed[0])))
+            self._same_space(self._study)
             for key, value in fixed.items():
                 self._study.set_user_attr(key, value)
         return self._study
+
+    def _same_space(self, study: optuna.Study) -> None:
+        """A resumed study's space must be one Optuna can go on with: the same choices of a list, a
+        range still a range of the same kind (its bounds may move). Otherwise the first trial asked
+        failed as the study's own fault, after the runs left over had run."""
+        for trial in study.get_trials(deepcopy=False):
+            for path, before in trial.distributions.items():
+                now = self.distributions.get(path)
+                try:
+                    if now is not None:
+                        check_distribution_compatibility(before, now)
+                except ValueError:
+                    was = (", ".join(map(str, before.choices)) if isinstance(before, CategoricalDistribution)
+                           else f"a {'log ' if getattr(before, 'log', False) else ''}range")
+                    where = ("search", "optuna", "space", path)
+                    raise InputError(f"changed since its study began (it was {was}): Optuna cannot go on with a "
+                                     "study whose choices changed; put them back, or start a new sweep",
+                                     file=str(self.sweep.doc.path), key=".".join(where),
+                                     line=self.sweep.doc.line(where)) from None
 
     def _load(self) -> None:
         """A resumed sweep's runs so far, from its study (read before the sweep is locked: reads only)."""
@@ -195,9 +237,9 @@ class Search:
             try:
                 return self._next()
             except InputError as e:   # a changed objective on resume, named with its key
-                self.stopped = self.failure = str(e)
+                self.stopped = self.broken = str(e)
             except Exception as e:  # the study's database failed us: no more trials, the runs in flight end
-                self.stopped = self.failure = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
+                self.stopped = self.broken = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
             return None
 
     def _next(self) -> RunSpec | None:
@@ -239,17 +281,18 @@ class Search:
                 self._tell(study, number, manifest)
                 self._write(study)
             except Exception as e:  # the run's results stand; the trial stays running, told on --resume
-                self.stopped = self.failure = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
+                self.stopped = self.broken = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
 
     def _tell(self, study: optuna.Study, number: int, manifest: RunManifest) -> None:
         told = (manifest.run_id, manifest.started)
         if told in self._told:   # the resume's settling read this run's manifest before the executor told it
             return
         self._told.add(told)
-        value, _ = objective_of(manifest, self.layout, self.settings)
+        value, why = objective_of(manifest, self.layout, self.settings)
         trial = study.get_trials(deepcopy=False)[number]
         if trial.state == TrialState.RUNNING:
             if value is None:
+                study.set_user_attr(f"{REASON}{number}", why)
                 study.tell(number, state=TrialState.FAIL)
             else:
                 study.tell(number, value)
@@ -260,6 +303,15 @@ class Search:
             params=trial.params, distributions=trial.distributions, user_attrs={RUN_ID: manifest.run_id})
         study.add_trial(retried)
         self.trial_of[manifest.run_id] = study.get_trials(deepcopy=False)[-1].number
+        if value is None:
+            study.set_user_attr(f"{REASON}{self.trial_of[manifest.run_id]}", why)
+
+    def done(self) -> str | None:
+        """Why this search, resumed, would ask no new trial (its budget spent, every point run, its
+        patience out), from its study as it is; None when it would ask more. What `--resume --dry-run`
+        says after the runs left over."""
+        with self.lock:
+            return self._why_stop(self._open()) if self.layout.study.exists() else None
 
     def _why_stop(self, study: optuna.Study) -> str | None:
         budget, patience = self.settings.budget, self.settings.patience
@@ -294,12 +346,15 @@ class Search:
         return search_run(self.sweep, point)
 
     def _write(self, study: optuna.Study) -> None:
-        write_model(self.layout.search, search_file(study.get_trials(deepcopy=False), self.settings,
-                                                    self.layout, grid_size=self.grid_size, stopped=self.stopped))
+        reasons = {int(k.removeprefix(REASON)): v for k, v in study.user_attrs.items() if k.startswith(REASON)}
+        found = search_file(study.get_trials(deepcopy=False), self.settings, self.layout, grid_size=self.grid_size,
+                            stopped=self.stopped, reasons=reasons)
+        self.best = found.best.value if found.best is not None else None
+        write_model(self.layout.search, found)
 
 
 def search_file(trials: list[FrozenTrial], settings: Optuna, layout: SweepLayout, *, grid_size: int | None,
-                stopped: str | None) -> SearchFile:
+                stopped: str | None, reasons: dict[int, str] | None = None) -> SearchFile:
     """search.json from the study's trials: each with its run, state and value, and the best."""
     states = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.RUNNING: "running"}
     out = []
@@ -308,8 +363,8 @@ def search_file(trials: list[FrozenTrial], settings: Optuna, layout: SweepLayout
         if run_id is None or t.state not in states:
             continue
         state = "duplicate" if DUPLICATE_OF in t.user_attrs else states[t.state]
-        reason = None
-        if state == "failed":
+        reason = (reasons or {}).get(t.number)
+        if state == "failed" and reason is None:   # a study of an older harness: the run folder says why
             try:
                 _, reason = objective_of(load_run(layout.run(run_id)).manifest, layout, settings)
             except Unreadable:

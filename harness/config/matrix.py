@@ -20,12 +20,22 @@ With `configs:` as well, every configuration is crossed with every point.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import re
 from typing import Any
 
+from harness.secrets import is_secret
+
 AXIS = re.compile(r"^(args|env|benchmark)\.(.+)$")
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.\-]+")
+POINT_NAME_MAX = 160
+"""The longest name a point is given: a configuration's name (at most 200 characters, it names a
+folder) is its base configuration's (up to 39 characters then), `_` and this. A longer one (flags
+whose values are paths or JSON: vLLM's --speculative-config) keeps its first characters and ends in
+a hash of the whole, so that two points still have two names; the run's values are in its manifest.
+Names within it are as they always were, so a sweep begun before resumes with the same run ids."""
 
 Point = dict[str, Any]
 
@@ -50,19 +60,43 @@ def point_name(point: Point) -> str:
         else:
             shown = "-".join(map(str, value)) if isinstance(value, list) else str(value)
             parts.append(f"{leaf}-{NAME_CHARS.sub('-', shown).strip('-')}")
-    return NAME_CHARS.sub("-", "_".join(parts)).strip("-_.") or "point"
+    name = NAME_CHARS.sub("-", "_".join(parts)).strip("-_.") or "point"
+    if len(name) <= POINT_NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:POINT_NAME_MAX - len(digest) - 1].rstrip('-_.')}-{digest}"
+
+
+def _key(point: Point) -> str:
+    """A point as its run sees it: YAML's true is not 1, nor 1.0 (a bare flag, `--x 1`, `--x 1.0`),
+    though Python finds them equal."""
+    return json.dumps(point, sort_keys=True, default=repr)
 
 
 def points(axes: dict[str, list[Any]], *, exclude: list[Point], include: list[Point],
            link: dict[str, str]) -> list[Point]:
-    """Every point of the product in axis order, less the excluded, plus the included; links applied."""
+    """Every point of the product in axis order, less the excluded, plus the included; links applied.
+    A matrix that leaves no point is refused: a sweep of nothing would end `ok` having run nothing."""
+    for i, ex in enumerate(exclude):
+        if not ex:
+            raise ValueError(f"matrix.exclude[{i}] is empty: it matches every point and leaves none to run")
+    for i, entry in enumerate(include):   # a secret axis is refused where the playbook is loaded; an include too
+        for path in entry:
+            if path not in link and split(path)[0] != "benchmark" and is_secret(split(path)[1]):
+                raise ValueError(f"matrix.include[{i}]: {path} is a secret, and its value would name the run "
+                                 "(run ids, folders, the report): give it in server.env or a configuration's env")
     product = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
-    kept = [p for p in product if not any(all(p.get(k) == v for k, v in ex.items()) for ex in exclude)]
+    kept = [p for p in product if not any(all(_key({k: p.get(k)}) == _key({k: v}) for k, v in ex.items())
+                                          for ex in exclude)]
+    if not kept and not include:
+        raise ValueError(f"matrix.exclude leaves out every point of the matrix ({len(product)}): nothing would run")
     out: list[Point] = []
+    seen: set[str] = set()
     for point in kept + [dict(p) for p in include]:
         for target, source in link.items():
             if source in point:
                 point[target] = point[source]
-        if point not in out:
+        if _key(point) not in seen:
+            seen.add(_key(point))
             out.append(point)
     return out

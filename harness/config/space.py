@@ -18,11 +18,17 @@ distribution.
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import math
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from harness.config import matrix
+from harness.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.plan import Sweep
 
 Scalar = bool | int | float | str | None
 FLOAT_DIGITS = 4
@@ -76,12 +82,21 @@ class Range(BaseModel):
         return round((self.high - self.low) / self.step) + 1 if self.step else None
 
     def value(self, raw: float) -> int | float:
-        """The value a run uses for a number the sampler drew."""
+        """The value a run uses for a number the sampler drew, never outside low..high: rounding
+        0.99996 to 4 digits made 1.0 of a range that ends at 0.99999."""
         if self.integers:
             return int(raw)
         if self.step:
             return round(self.low + round((raw - self.low) / self.step) * self.step, 12)
-        return float(f"{raw:.{FLOAT_DIGITS}g}")
+        return min(max(float(f"{raw:.{self.digits}g}"), self.low), self.high)
+
+    @property
+    def digits(self) -> int:
+        """Significant digits of a value drawn without a step: FLOAT_DIGITS, or more for a range so
+        narrow that they would not keep ten values of it apart ({low: 1000.1, high: 1000.4} was one
+        run, 1000.0, outside it)."""
+        widest = max(abs(self.low), abs(self.high))
+        return max(FLOAT_DIGITS, math.ceil(math.log10(widest / (self.high - self.low))) + 1)
 
     def first(self) -> int | float:
         return self.low
@@ -104,6 +119,9 @@ def entry(value: Any) -> Entry:
             if not (choice is None or isinstance(choice, (bool, int, float, str))):
                 raise ValueError(f"a choice is a number, a string, true/false or null, not {choice!r}")
         if any(value.count(v) > 1 for v in value):
+            if len({matrix.point_name({'args.x': v}) for v in value}) == len(value):   # true and 1, 1 and 1.0
+                raise ValueError("two choices the sampler cannot tell apart (Python finds true equal to 1, and "
+                                 "1 to 1.0): keep one of them")
             raise ValueError("a choice appears twice")
         if len({matrix.point_name({'args.x': v}) for v in value}) < len(value):
             raise ValueError("two choices make the same run name (they differ only in characters a name "
@@ -162,3 +180,51 @@ def grid(space: dict[str, Entry]) -> list[dict[str, Any]]:
             axes[path] = [e.value(e.low + i * step) for i in range(e.size)]
     return matrix.points(axes, exclude=[], include=[], link={})
 
+
+
+SAMPLES = 64
+"""Values of a range checked one by one before a search starts; a larger range is checked at its ends
+and between them."""
+
+
+def samples(e: Entry) -> list[Any]:
+    """Values that stand for every value an entry may give a trial: every choice, every value of a
+    small grid, else the ends and two values between (fractional ones, as a float range draws)."""
+    if isinstance(e, list):
+        return list(e)
+    if e.size is not None and e.size <= SAMPLES:
+        return [e.value(e.low + i * (e.step or 1)) for i in range(e.size)]
+    return list(dict.fromkeys(e.value(e.low + (e.high - e.low) * f) for f in (0, 0.37, 0.71, 1)))
+
+
+def check(sweep: Sweep) -> None:
+    """Refuse, before any host, a search some of whose trials could never have a value: a benchmark
+    value of the space that is not one (a float range over a field of whole numbers), or an objective
+    read at a level its trials do not measure. Each trial would be run, take its GPUs for a server's
+    life, and be told failed; a night of them ended with no best and the sweep said it went well."""
+    from harness.plan import search_run  # plan imports this module
+
+    settings = sweep.playbook.optuna
+    assert settings is not None  # only a searching playbook is checked as a search
+    doc = sweep.doc
+    paths = [p for p in settings.space if matrix.split(p)[0] == "benchmark"]
+    base = first_point(settings.space)
+    for values in itertools.islice(itertools.product(*(samples(settings.space[p]) for p in paths)), 4096):
+        varied = dict(zip(paths, values, strict=True))
+        bench = search_run(sweep, base | varied).benchmark   # an InputError naming the point's bad value
+        closed = ({c for sc in bench.scenarios for c in sc.concurrency or ()} if bench.scenarios
+                  else set(bench.concurrency))
+        which = f"the points with {', '.join(f'{p} {v}' for p, v in varied.items())}" if varied else "no trial"
+        if not closed:
+            where: tuple[str, ...] = ("search", "optuna", "objective")
+            raise InputError(f"{settings.objective} is read at a concurrency, and {which} "
+                             f"{'measure none' if varied else 'measures one'} (the scenarios are all open-loop, "
+                             "request_rate): give a scenario a concurrency", file=str(doc.path),
+                             key=".".join(where), line=doc.line(where))
+        if settings.level is not None and settings.level not in closed:
+            where = ("search", "optuna", "level")
+            measured = ", ".join(map(str, sorted(closed)))
+            raise InputError(f"concurrency {settings.level}: {which} {'do not measure' if varied else 'measures'} "
+                             f"it (the benchmark's concurrency: {measured}), so each would be a failed trial; "
+                             "give one of those, or leave level out (the highest)", file=str(doc.path),
+                             key=".".join(where), line=doc.line(where))

@@ -78,7 +78,11 @@ def render_search(search: SearchFile) -> Group:
                   style="bold" if trial.number == best else "red" if trial.state == "failed" else
                   "dim" if trial.state == "duplicate" else None)
     text = best_text(search)
-    return Group(t, Text(printable(text), style="bold") if text else Text("no trial has a value yet", style="yellow"))
+    if text:
+        return Group(t, Text(printable(text), style="bold"))
+    if search.stopped:   # it asks no more: there is no best to wait for
+        return Group(t, Text("no best: no trial has a value (every one failed: the reasons above)", style="red"))
+    return Group(t, Text("no trial has a value yet", style="yellow"))
 
 
 def render_searches(paths: list[Path]) -> list[tuple[Group, str | None]]:

@@ -124,3 +124,53 @@ def test_harness_plan_shows_the_count_and_each_run_before_any_host(tmp_path):
     assert "7 runs" in table.stdout and "tensor-parallel-size-4_concurrency-256-1" in table.stdout
     listed = harness("plan", tmp_path / "pb.yaml", "-i", tmp_path / "inventory.yaml", "--format", "json")
     assert len(json.loads(listed.stdout)) == 7
+
+
+@pytest.mark.parametrize("rules, words", [
+    # an empty entry matches every point: the sweep ran nothing and ended ok
+    ("exclude: [{}]", "matrix.exclude[0] is empty: it matches every point"),
+    ("exclude: [{args.tensor-parallel-size: 1}, {args.tensor-parallel-size: 2}]",
+     "matrix.exclude leaves out every point of the matrix (2): nothing would run"),
+])
+def test_a_matrix_that_leaves_no_point_to_run_is_refused(tmp_path, rules, words):
+    with pytest.raises(InputError) as e:
+        load(tmp_path, PLAYBOOK.split("matrix:")[0] + "matrix:\n  axes: {args.tensor-parallel-size: [1, 2]}\n  "
+             + rules + "\n")
+    assert words in str(e.value) and e.value.file is not None and e.value.file.endswith("pb.yaml")
+    shown = harness("plan", tmp_path / "pb.yaml", "-i", tmp_path / "inventory.yaml")
+    assert shown.returncode == 2 and words in shown.stderr, shown.stdout + shown.stderr
+
+
+def test_an_include_of_true_is_its_own_point_not_the_point_of_1(tmp_path):
+    """`--x` (true) and `--x 1` are two servers; Python finds True == 1 and the include was dropped."""
+    sweep = load(tmp_path, PLAYBOOK.split("matrix:")[0] + "matrix:\n  axes: {args.x: [1, 2]}\n"
+                 "  include: [{args.x: true}, {args.x: 2}]\n")
+    assert [r.run_id for r in sweep.runs] == ["x-1-1", "x-2-1", "x-1"]
+    assert sweep.render(sweep.runs[2], sweep.hosts[0]).script.rstrip().endswith("--x")
+
+
+def test_a_point_name_too_long_for_a_folder_keeps_its_start_and_ends_in_a_hash(tmp_path):
+    """JSON and paths as values (vLLM's --speculative-config) made names over a folder's 200 characters,
+    which no shorter axis value could fix: each point is named within it, and two stay two."""
+    spec = "{method: eagle3, model: /models/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B-draft-model-of-a-long-name, " \
+           "num_speculative_tokens: N}"
+    sweep = load(tmp_path, PLAYBOOK.split("matrix:")[0] + "matrix:\n  axes:\n    args.speculative-config: ["
+                 + ", ".join(spec.replace("N", str(n)) for n in (3, 5)) + "]\n"
+                 "    args.max-num-batched-tokens-per-scheduler-step-in-prefill: [8192, 16384]\n"
+                 "    args.enable-chunked-prefill-for-requests-of-long-context: [true]\n")
+    names = [r.config.name for r in sweep.runs]
+    assert len(set(names)) == 4 and all(len(n) <= 160 for n in names)
+    assert all(n.startswith("speculative-config-method-eagle3-model-models-yuhuili-EAGLE3") for n in names)
+    assert point_name({"args.x": "a" * 300}) == point_name({"args.x": "a" * 300})   # stable for --resume
+    assert point_name({"args.x": "a" * 300}) != point_name({"args.x": "a" * 299})
+    assert point_name({"args.x": "a" * 100}) == "x-" + "a" * 100                   # short names as before
+
+
+def test_a_secret_in_an_include_is_refused_as_a_secret_axis_is(tmp_path):
+    """Its value named the run: `x-2_HF_TOKEN-hf_...-1` in run ids, folders, the journal and the report."""
+    with pytest.raises(InputError) as e:
+        load(tmp_path, PLAYBOOK.split("matrix:")[0] + "matrix:\n  axes: {args.x: [1]}\n"
+             "  include: [{args.x: 2, env.HF_TOKEN: hf_s3cr3tvalue}]\n")
+    assert "matrix.include[0]: env.HF_TOKEN is a secret" in str(e.value) and "s3cr3t" not in str(e.value)
+    shown = harness("plan", tmp_path / "pb.yaml", "-i", tmp_path / "inventory.yaml")
+    assert shown.returncode == 2 and "s3cr3t" not in shown.stdout + shown.stderr

@@ -225,9 +225,10 @@ def test_plan_shows_the_space_budget_and_first_script_without_touching_a_host(tm
     assert "20 runs at most" in shown.stdout and "5 runs in a row" in shown.stdout
     assert "args.max-num-seqs: integers 16 to 256, step 16" in shown.stdout
     assert "random_state 3" in shown.stdout and "--tensor-parallel-size 1" in shown.stdout
-    as_json = json.loads(harness("plan", pb, "-i", inv, "--format", "json").stdout)
-    assert as_json["budget"] == 20 and as_json["grid_size"] is None and as_json["direction"] == "maximize"
-    assert as_json["example"]["run_id"].startswith("base_tensor-parallel-size-1_enforce-eager_")
+    (entry,) = json.loads(harness("plan", pb, "-i", inv, "--format", "json").stdout)   # a plan: a list of runs
+    search = entry["search"]
+    assert search["budget"] == 20 and search["grid_size"] is None and search["direction"] == "maximize"
+    assert entry["run_id"].startswith("base_tensor-parallel-size-1_enforce-eager_") and entry["script"]
     assert not (tmp_path / "results").exists()
 
 
