@@ -343,12 +343,16 @@ def load_sweep(playbook_path: Path | str, inventory_path: Path | str, *, limit: 
             raise InputError(f"names no configuration of the playbook{f' (did you mean {near[0]!r}?)' if near else ''}"
                              f": its reference would never be checked (\"*\" is every configuration)",
                              file=str(doc.path), key=".".join(map(str, where)), line=doc.line(where))
-    for path in pb.matrix.axes if pb.matrix else ():
+    # the playbook's own `secrets:` too: the matrix knows only the names every playbook treats as secrets
+    m = pb.matrix
+    places: list[tuple[str, Loc]] = ([(path, ("matrix", "axes", path)) for path in m.axes]
+                                     + [(path, ("matrix", "include", i)) for i, entry in enumerate(m.include)
+                                        for path in entry if path not in m.link]) if m else []
+    for path, axis in places:
         section, name = path.split(".", 1)
         if section != "benchmark" and is_secret(name, sweep.secret_names):
-            axis: Loc = ("matrix", "axes", path)
-            raise InputError("a secret is not a matrix axis: its values would name the runs (run ids, folders, "
-                             "the report); give it in server.env or a configuration's env",
+            raise InputError(f"{path} is a secret, which no matrix axis or include may set: its values would name "
+                             "the runs (run ids, folders, the report); give it in server.env or a configuration's env",
                              file=str(doc.path), key=".".join(map(str, axis)), line=doc.line(axis))
     _refuse_masked_secrets(sweep)
     sweep.runs = [] if pb.optuna else expand(pb, hosts, doc, engine)   # a search's runs come as it goes

@@ -32,7 +32,8 @@ AXIS = re.compile(r"^(args|env|benchmark)\.(.+)$")
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.\-]+")
 POINT_NAME_MAX = 160
 """The longest name a point is given: a configuration's name (at most 200 characters, it names a
-folder) is its base configuration's (up to 39 characters then), `_` and this. A longer one (flags
+folder) is its base configuration's, `_` and this, cut the same way where the two are longer
+(`config_name`). A longer one (flags
 whose values are paths or JSON: vLLM's --speculative-config) keeps its first characters and ends in
 a hash of the whole, so that two points still have two names; the run's values are in its manifest.
 Names within it are as they always were, so a sweep begun before resumes with the same run ids."""
@@ -60,11 +61,22 @@ def point_name(point: Point) -> str:
         else:
             shown = "-".join(map(str, value)) if isinstance(value, list) else str(value)
             parts.append(f"{leaf}-{NAME_CHARS.sub('-', shown).strip('-')}")
-    name = NAME_CHARS.sub("-", "_".join(parts)).strip("-_.") or "point"
-    if len(name) <= POINT_NAME_MAX:
+    return _cut(NAME_CHARS.sub("-", "_".join(parts)).strip("-_.") or "point", POINT_NAME_MAX)
+
+
+def config_name(base: str, point: Point, limit: int) -> str:
+    """The name of `point` over the configuration `base` (`tp8_max-num-seqs-64`; the point's alone when
+    the playbook has no configs), at most `limit` characters."""
+    return _cut("_".join(n for n in (base, point_name(point)) if n), limit)
+
+
+def _cut(name: str, limit: int) -> str:
+    """`name` if it fits in `limit`, else its start and a hash of the whole: two long names that share
+    a start stay two names."""
+    if len(name) <= limit:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:POINT_NAME_MAX - len(digest) - 1].rstrip('-_.')}-{digest}"
+    return f"{name[:limit - len(digest) - 1].rstrip('-_.')}-{digest}"
 
 
 def _key(point: Point) -> str:

@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from harness import engines
 from harness.config import matrix
@@ -328,7 +329,7 @@ class Matrix(Strict):
                     section, name = matrix.split(path)
                     parts[section][name] = value
                 named = {k: v for k, v in point.items() if k not in self.link}   # a linked value says nothing new
-                name = "_".join(n for n in (base.name, matrix.point_name(named)) if n)
+                name = matrix.config_name(base.name, named, MAX_NAME)
                 nodes = {"nodes": base.nodes} if "nodes" in base.model_fields_set else {}
                 out.append(Config.model_validate({"name": name, **parts, **nodes, "description": base.description})
                            .written_at(("matrix",)))
@@ -431,7 +432,7 @@ class Optuna(Strict):
         for path, value in point.items():
             section, name = matrix.split(path)
             parts[section][name] = value
-        name = "_".join(n for n in (base.name, matrix.point_name(point)) if n)
+        name = matrix.config_name(base.name, point, MAX_NAME)
         return Config.model_validate({"name": name, **parts, "description": base.description}).written_at(
             ("search", "optuna"))
 
@@ -535,12 +536,15 @@ class Playbook(Strict):
             names = [c.name for c in self.all_configs]
         except ValidationError as e:
             first = e.errors()[0]
-            raise ValueError(f"matrix: a point makes a configuration that is not valid: "
-                             f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            raise _at(("matrix",), f"a point makes a configuration that is not valid: "
+                      f"{'.'.join(map(str, first['loc']))}: {first['msg']}", self.matrix) from None
+        except ValueError as e:   # the matrix's own refusals (an exclude that leaves no point, ...)
+            raise _at(("matrix",), str(e), self.matrix) from None
         twice = next((n for n in names if names.count(n) > 1), None)
         if twice:
-            raise ValueError(f"the matrix makes the configuration {twice!r} twice (an include repeats a point, or "
-                             "values that differ only in characters a name cannot hold)")
+            raise _at(("matrix",) if self.matrix is not None else ("configs",),
+                      f"the matrix makes the configuration {twice!r} twice (an include repeats a point, or "
+                      "values that differ only in characters a name cannot hold)", self.matrix)
         return self
 
     @property
@@ -612,6 +616,13 @@ class Playbook(Strict):
             raise ValueError(f"engine {self.engine} has no profile.mode {self.profile.mode}: use one of "
                              f"{', '.join(engine.profile_modes)}")
         return self
+
+
+def _at(loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
+    """A check of the whole playbook that is about one key: raised as that key's error, so that the
+    message names the key and its line, not the playbook's first line."""
+    error = PydanticCustomError("value_error", "{message}", {"message": message})
+    return ValidationError.from_exception_data("Playbook", [InitErrorDetails(type=error, loc=loc, input=value)])
 
 
 def load_playbook(path: Path | str) -> tuple[Playbook, Any]:

@@ -102,8 +102,11 @@ matrix:
     ("axes: {args.enforce-eager: [true, false]}\n  exclude: [{args.enforce-eager: 'true'}]", "matrix",
      "'true' is none of the axis's values (True, False)"),
     # its values would name the runs and their folders
-    ("axes: {env.HF_TOKEN: [hf_a1, hf_b2]}", "matrix.axes.env.HF_TOKEN", "a secret is not a matrix axis"),
-    ("axes: {args.api-key: [sk-1, sk-2]}", "matrix.axes.args.api-key", "a secret is not a matrix axis"),
+    ("axes: {env.HF_TOKEN: [hf_a1, hf_b2]}", "matrix.axes.env.HF_TOKEN", "which no matrix axis or include may set"),
+    ("axes: {args.api-key: [sk-1, sk-2]}", "matrix.axes.args.api-key", "which no matrix axis or include may set"),
+    # a name the playbook lists under `secrets:`, which the matrix alone does not know
+    ("axes: {args.tp: [1]}\n  include: [{args.tp: 2, env.ORG_PASSPHRASE: s3cr3t}]\nsecrets: [ORG_PASSPHRASE]",
+     "matrix.include.0", "env.ORG_PASSPHRASE is a secret"),
 ])
 def test_a_matrix_mistake_is_named_with_its_key_and_line(tmp_path, matrix, key, words):
     with pytest.raises(InputError) as e:
@@ -137,6 +140,8 @@ def test_a_matrix_that_leaves_no_point_to_run_is_refused(tmp_path, rules, words)
         load(tmp_path, PLAYBOOK.split("matrix:")[0] + "matrix:\n  axes: {args.tensor-parallel-size: [1, 2]}\n  "
              + rules + "\n")
     assert words in str(e.value) and e.value.file is not None and e.value.file.endswith("pb.yaml")
+    # the matrix's key and line, not the playbook's first line
+    assert (e.value.key, e.value.line) == ("matrix", PLAYBOOK.split("matrix:")[0].count("\n") + 1)
     shown = harness("plan", tmp_path / "pb.yaml", "-i", tmp_path / "inventory.yaml")
     assert shown.returncode == 2 and words in shown.stderr, shown.stdout + shown.stderr
 
@@ -164,6 +169,27 @@ def test_a_point_name_too_long_for_a_folder_keeps_its_start_and_ends_in_a_hash(t
     assert point_name({"args.x": "a" * 300}) == point_name({"args.x": "a" * 300})   # stable for --resume
     assert point_name({"args.x": "a" * 300}) != point_name({"args.x": "a" * 299})
     assert point_name({"args.x": "a" * 100}) == "x-" + "a" * 100                   # short names as before
+
+
+def test_a_long_configuration_name_and_a_long_point_make_one_name_within_a_folder_s(tmp_path):
+    """A configuration named in 150 characters crossed with a point of 160 made a name of 311: the
+    matrix refused it, and a search's trial stopped with pydantic's traceback."""
+    base = "c" * 150
+    sweep = load(tmp_path, PLAYBOOK.split("matrix:")[0] + f"configs: [{{name: {base}}}]\nmatrix:\n  axes:\n"
+                 "    args.x: [" + ", ".join("a" * 300 + str(n) for n in (1, 2)) + "]\n")
+    names = [r.config.name for r in sweep.runs]
+    assert len(set(names)) == 2 and all(len(n) <= 200 and n.startswith(base + "_x-aaa") for n in names)
+    search = (PLAYBOOK.split("matrix:")[0] + f"configs: [{{name: {base}}}]\nsearch:\n  optuna:\n    space:\n"
+              "      args.x: [" + ", ".join("a" * 300 + str(n) for n in (1, 2)) + "]\n    budget: 2\n")
+    shown = harness("plan", write(tmp_path, search), "-i", tmp_path / "inventory.yaml", "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    (entry,) = json.loads(shown.stdout)
+    assert len(entry["config"]) <= 200 and entry["config"].startswith(base + "_x-aaa")
+
+
+def write(tmp_path, playbook: str):
+    (tmp_path / "pb.yaml").write_text(playbook)
+    return tmp_path / "pb.yaml"
 
 
 def test_a_secret_in_an_include_is_refused_as_a_secret_axis_is(tmp_path):
