@@ -33,7 +33,16 @@ import yaml
 from harness.errors import InputError
 from harness.plan import Sweep, load_sweep
 from harness.remote.stats import percentile
-from harness.results import BenchLevel, RunLayout, RunManifest, RunResult, Unreadable, read_model, read_requests
+from harness.results import (
+    BenchLevel,
+    HostRunLayout,
+    RunLayout,
+    RunManifest,
+    RunResult,
+    Unreadable,
+    read_model,
+    read_requests,
+)
 from harness.results import load_run as load_run_result
 from harness.secrets import MASK, arg_env_name
 
@@ -509,19 +518,23 @@ def _launch_lines(run: RunResult, rank: int = 0, moved: tuple[str, str] | None =
     except OSError:
         return None
     m = run.manifest
+    # the folder's end in its workdir: node k's is `<run_id>.node<k>` (`<run_id>` before that was so)
+    tails = list(dict.fromkeys([HostRunLayout.of("", m.sweep_id, m.run_id, rank).root,
+                                f"/{m.sweep_id}/{m.run_id}"])) if m.sweep_id else []
     folders = []
     workdir = getattr(m.host, "workdir", None)
-    if rank == 0 and isinstance(workdir, str) and workdir and m.sweep_id:
-        folders.append(f"{workdir.rstrip('/')}/{m.sweep_id}/{m.run_id}")
+    if rank == 0 and isinstance(workdir, str) and workdir and tails:
+        folders.append(f"{workdir.rstrip('/')}{tails[0]}")
     for line in text.splitlines():
         if line.startswith("cd "):
             with contextlib.suppress(ValueError):
                 words = shlex.split(line[3:])
-                if len(words) == 1 and m.sweep_id and words[0].endswith(f"/{m.sweep_id}/{m.run_id}"):
+                if len(words) == 1 and words[0].endswith(tuple(tails)):
                     folders.append(words[0])
     for folder in sorted(set(folders), key=len, reverse=True):
+        tail = next(t for t in tails if folder.endswith(t))
         text = _substitute(text, folder, "RUN_DIR")
-        text = _substitute(text, folder[:-len(f"/{m.sweep_id}/{m.run_id}")], "WORKDIR")
+        text = _substitute(text, folder[:-len(tail)], "WORKDIR")
     if moved is not None:
         text = _substitute(text, moved[0], moved[1])
     return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
