@@ -49,6 +49,7 @@ from harness.results import (
     find_sweeps,
     load_run,
     load_runs,
+    read_model,
     read_search,
     samples,
 )
@@ -304,7 +305,7 @@ def unreadable(paths: list[Path]) -> list[str]:
     out = []
     for layout in _run_layouts(paths):
         try:
-            load_run(layout)
+            read_model(layout.manifest, RunManifest)   # the manifest alone: its bench.json is not_measured's
         except Unreadable as e:
             out.append(f"{e} (run {layout.run_id} left out)")
     return sorted(out)
@@ -446,8 +447,9 @@ def winner(rows: list[dict]) -> dict | None:
 
 
 def no_winner_text(rows: list[dict]) -> str | None:
-    """Why no winner is named although some configuration has figures (each has failures), else None."""
-    if winner(rows) is not None or not any(r["ok"] and r.get("output_tok_s") for r in rows):
+    """Why `winner` named none although some configuration has figures (each has failures), else None;
+    asked only where it named none."""
+    if not any(r["ok"] and r.get("output_tok_s") for r in rows):
         return None
     why = flaws(rows)
     for r in rows:
@@ -604,7 +606,7 @@ def table(rows: list[dict], *, title: str = "configurations"):
         parts.append(Text(""))
     best = winner(rows)   # its launch command follows the table, whole (`launch_line`): it is there to be copied
     ending = [Text(""), Text(printable(winner_text(best).partition("\n")[0]), style="bold")] if best else []
-    if (none := no_winner_text(rows)) is not None:
+    if best is None and (none := no_winner_text(rows)) is not None:
         ending = [Text(""), Text(printable(none), style="bold red")]
     return Group(*parts, *([kernels] if kernels else []), *ending)
 
