@@ -4,8 +4,10 @@ A real sshd on a loopback port (tests/sshd.py) and a "remote" venv whose SGLang 
 (tests/remote_venv.py): `python -m harness sweep` runs a playbook of one configuration at TP 4 with
 the engine's profiler on, each rank's trace padded to `--trace-mb` MB on disk (HARNESS_SIM_TRACE_MB,
 gzip'd JSON as SGLang writes it). The run's manifest says how many bytes the collect phase brought
-back (`collected.bytes`) and how long the phase took (`phases.collect.seconds`: the room check, the
-pull with its checks, fsync and hashes, and the redaction of text files).
+back (`collected.bytes`) and how long the phase took (`phases.collect.seconds`: the room check and
+the pull with its checks and fsyncs, the host held throughout). The redaction of text files follows
+the phase, and the sha256 of every file comes once the host is free (`phases.finish`, printed
+beside: the files read back from the page cache and hashed, with the traces' analysis).
 
 A good run's folder is removed from the host once collected, so the same files (those the manifest
 lists as collected, copied from the local run folder) are then laid out again on the same host
@@ -131,6 +133,7 @@ def main() -> int:
             out = tmp / f"results-{round_no}"
             manifest, run_dir = sweep_once(pb, inv, out)
             collected, seconds = manifest["collected"]["bytes"], manifest["phases"]["collect"]["seconds"]
+            after = manifest["phases"].get("finish", {}).get("seconds")
             scps, scp_bytes = scp_seconds(sshd, run_dir, list(manifest["collected"]["sha256"]), tmp,
                                           args.scp_repeats)
             ours.append(collected / MB / seconds)
@@ -140,7 +143,8 @@ def main() -> int:
             print(f"round {round_no + 1}: collect {collected / MB:.1f} MB in {seconds:.2f} s = {ours[-1]:.1f} MB/s; "
                   f"scp -r {scp_bytes / MB:.1f} MB in {min(scps):.2f} s = {theirs[-1]:.1f} MB/s (fastest of "
                   f"{', '.join(f'{s:.2f}' for s in scps)} s); ratio {ratios[-1]:.2f}x, to the first scp "
-                  f"{firsts[-1]:.2f}x", flush=True)
+                  f"{firsts[-1]:.2f}x" + (f"; then, the host free, hashes and analysis {after:.2f} s"
+                                          if after is not None else ""), flush=True)
             shutil.rmtree(out)
     load = os.getloadavg()[0]
     print(f"summary: collect {statistics.median(ours):.1f} MB/s, scp -r {statistics.median(theirs):.1f} MB/s, "

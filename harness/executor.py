@@ -41,7 +41,7 @@ from harness.events import Events, Quiet
 from harness.hosts import HOST_BACKOFF_S, Beat, Connect, HostPool, HostState, internal_text
 from harness.journal import Journal, latest_states
 from harness.lifecycle.context import Node, RunContext
-from harness.lifecycle.run import analyze, execute, needs_analysis, unrun_manifest
+from harness.lifecycle.run import execute, finish, unfinished, unrun_manifest
 from harness.lifecycle.server import stop_command
 from harness.lock import SweepLock
 from harness.plan import RunSpec, Sweep
@@ -149,8 +149,9 @@ class Executor:
         self.busy: set[str] = set()                     # hosts running a run (as node 0 or another node)
         self.peers: dict[str, list[HostState]] = {}     # run id -> the other nodes of a run on several hosts
         self.torn_down: set[str] = set()                # runs the interrupt stopped and journaled
-        # the traces' analysis is CPU work here: one at a time, while the host runs its next run
-        self.analyses = ThreadPoolExecutor(max_workers=1, thread_name_prefix="analysis")
+        # what is left of a run once its host is free (its files' hashes, its traces' analysis): CPU work
+        # here, one run at a time, while the host runs its next run
+        self.afterwards = ThreadPoolExecutor(max_workers=1, thread_name_prefix="afterwards")
         self.pool = HostPool(sweep.hosts, connect=connect, events=self.events, lease_s=lease_s,
                              attempts=host_retries + 1, redact=sweep.redactor.text)
         self.in_flight: dict[str, RunContext] = {}
@@ -194,7 +195,7 @@ class Executor:
             self._interrupt()
         finally:
             self.stop.set()
-            self.analyses.shutdown(wait=True)   # a run is journaled finished once its analysis is written
+            self.afterwards.shutdown(wait=True)   # a run is journaled finished once it is completed
             self.events.stop()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -355,8 +356,8 @@ class Executor:
                 self.journal.append(spec.run_id, "retry", host=state.host.name,
                                     error_kind=manifest.error and manifest.error.kind)
                 return True
-        if needs_analysis(manifest):
-            self.analyses.submit(self._analyze_and_finish, spec, state, manifest)
+        if unfinished(manifest):   # its files' hashes and its traces' analysis: once the host is free
+            self.afterwards.submit(self._complete_then_finish, spec, state, manifest)
         else:
             self._finish(spec, state, manifest)
         return False
@@ -381,19 +382,20 @@ class Executor:
         lost = self.lost_under.get(spec.run_id)
         return lost is not None and state.host.name in lost[0]
 
-    def _analyzed(self, spec: RunSpec, manifest: RunManifest) -> RunManifest:
-        """The manifest with its traces' analysis; as it was when the analysis failed (our own bug: the
-        run's measurements stand, and `harness analyze` runs it again)."""
+    def _completed(self, spec: RunSpec, manifest: RunManifest) -> RunManifest:
+        """The manifest finished (`lifecycle.run.finish`: its files hashed, its traces analysed); as it
+        was when that failed (our own bug: the run's measurements stand, and `harness analyze` runs the
+        analysis again)."""
         layout = self.layout.run(spec.run_id)
         try:
-            return analyze(layout, manifest)
+            return finish(layout, manifest)
         except Exception as e:
-            self.events.log(f"{spec.run_id}: the analysis failed ({internal_text(e)}); "
-                            f"`harness analyze {layout.profile}` runs it again")
+            self.events.log(f"{spec.run_id}: completing its results failed ({internal_text(e)}); "
+                            f"`harness analyze {layout.profile}` runs the analysis again")
             return manifest
 
-    def _analyze_and_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
-        manifest = self._analyzed(spec, manifest)
+    def _complete_then_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
+        manifest = self._completed(spec, manifest)
         try:
             self._finish(spec, state, manifest)
         except OSError as e:
@@ -536,8 +538,9 @@ class Executor:
 
     def _finished_unjournaled(self, spec: RunSpec, layout: RunLayout) -> RunManifest | None:
         """A run the journal says was running whose manifest says ok: it had ended (torn down, its
-        files brought back, its host folder cleaned) and waited only for the analysis of its traces
-        when the orchestrator stopped. It is kept, analysed now, never run again; None otherwise.
+        files brought back, its host folder cleaned) and waited only for the hashes of its files and the
+        analysis of its traces when the orchestrator stopped. It is kept, finished now, never run again;
+        None otherwise.
         Each attempt starts by emptying the run's folder here, so a manifest found is its last one's."""
         try:
             manifest = load_run(layout).manifest
@@ -545,8 +548,9 @@ class Executor:
             return None
         if not manifest.ok:
             return None
-        self.events.log(f"{spec.run_id}: had finished ok before the stop; kept, its traces analysed now")
-        return self._analyzed(spec, manifest)
+        self.events.log(f"{spec.run_id}: had finished ok before the stop; kept, its files hashed and its traces "
+                        "analysed now")
+        return self._completed(spec, manifest)
 
     def _stop_in_flight(self, run_id: str, last: JournalEvent | None) -> bool:
         """Reconcile a run the journal last saw in flight, on every node of it; whether it was."""
@@ -581,7 +585,7 @@ class Executor:
         for spec in self.todo:
             if spec.run_id in self.lost_under and not self.outcome.interrupted and not self._takers_left(spec):
                 _, manifest, state = self.lost_under[spec.run_id]
-                self._finish(spec, state, manifest)
+                self._finish(spec, state, self._completed(spec, manifest))
                 continue
             reasons = [self.pool[h.name].error for h in spec.hosts if self.pool[h.name].dead]
             if reasons and len(spec.hosts) - len(reasons) < spec.nodes and not self.outcome.interrupted:

@@ -65,6 +65,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 _leak_watch = None
 
 
+def contents(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by its path relative to it: what a pull left there."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def pytest_sessionstart(session):
     """Watch this machine's own interfaces for packets to the test hosts' range (tests/leakwatch.py);
     it takes root, as the namespace hosts do."""

@@ -5,7 +5,8 @@ record, one field a stage); this module only sequences them and times them, and 
 turns what they found into the manifest without touching a file. Teardown runs whatever happened
 before it; collect runs after teardown (so server.log is complete and nsys has written its report) and
 even for a failed run, whose log is the first thing a person wants to read. The analysis of the traces
-runs last, apart (`analyze`): the executor runs it once the host is free for its next run.
+runs last, apart (`finish`, with the hashes of the files brought back): the executor runs it once the
+host is free for its next run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hashlib
 import shlex
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import harness
@@ -28,7 +29,7 @@ from harness.plan import RunSpec, Sweep
 from harness.render import BUILTIN_TEMPLATES
 from harness.results import ErrorRecord, RunFiles, RunLayout, RunManifest, atomic_write, write_json, write_model
 from harness.results.answers import Answer
-from harness.results.models import AnalysisRef, Collected
+from harness.results.models import AnalysisRef, Collected, Phase, ProfileRecord
 from harness.results.store import read_telemetry
 from harness.secrets import masked_args
 from harness.transport.base import Placed
@@ -38,8 +39,8 @@ UNREACHABLE = ("unreachable", "auth", "host_key")
 
 
 def execute(ctx: RunContext) -> RunManifest:
-    """Run every stage, collect, and write the manifest. The profile's analysis (CPU work here) is
-    left to `analyze`, so the host can start its next run meanwhile.
+    """Run every stage, collect, and write the manifest. The hashes of the files brought back and the
+    profile's analysis (CPU work here) are left to `finish`, so the host can start its next run meanwhile.
 
     A server on several hosts (`ctx.peers`): every node is preflighted, the other nodes are launched
     before node 0 (which waits for them at its rendezvous), health and the benchmark are node 0's, the
@@ -104,24 +105,62 @@ def needs_analysis(manifest: RunManifest) -> bool:
             and manifest.collected.files > 0)
 
 
-def analyze(layout: RunLayout, manifest: RunManifest) -> RunManifest:
-    """analysis.json of the traces brought back, its summary in the manifest (written again). The steps
-    asked of the profiler stand in only when the traces mark no steps themselves: an engine may run
-    more steps than asked (vLLM 0.26 ran 318 for 10) or count only the steps with work (SGLang)."""
-    from harness.analysis import analyze_path  # heavy-ish; only runs with traces
-    if manifest.profile is None or not needs_analysis(manifest):
+def unfinished(manifest: RunManifest) -> bool:
+    """Whether the run has work left here once its host is free: files to hash, traces to analyze."""
+    return bool(manifest.collected.unhashed) or needs_analysis(manifest)
+
+
+def finish(layout: RunLayout, manifest: RunManifest) -> RunManifest:
+    """What is left of a run once its host is free for the next one, all of it here: the sha256 of
+    every file brought back, as it lies in the run folder (text files masked already), then the
+    analysis of its traces into analysis.json, its summary in the manifest. The manifest is written
+    again once, with both and the time they took (`phases.finish`). The steps asked of the profiler
+    stand in only when the traces mark no steps themselves: an engine may run more steps than asked
+    (vLLM 0.26 ran 318 for 10) or count only the steps with work (SGLang)."""
+    started = time.monotonic()
+    update: dict[str, Any] = {}
+    if manifest.collected.unhashed:
+        update["collected"], gone = _hashed(layout, manifest.collected)
+        if gone:
+            update["warnings"] = [*manifest.warnings, *(f"{name}: not in the run folder when its sha256 was taken"
+                                                        for name in gone)]
+    if manifest.profile is not None and needs_analysis(manifest):
+        update["profile"] = manifest.profile.model_copy(update={"analysis": _analysis(layout, manifest.profile)})
+    if not update:
         return manifest
+    update["phases"] = {**manifest.phases, "finish": Phase(seconds=round(time.monotonic() - started, 3))}
+    finished = manifest.model_copy(update=update)
+    write_model(layout.manifest, finished)
+    return finished
+
+
+def _hashed(layout: RunLayout, collected: Collected) -> tuple[Collected, list[str]]:
+    """`collected` with the sha256 of each of its unhashed files, and the names of those no longer
+    there. Only names inside the run folder are read (the manifest's own, from a pull that refused
+    any other)."""
+    sha256, gone = dict(collected.sha256), []
+    for name in collected.unhashed:
+        path = layout.dir / name
+        try:
+            if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts or path.is_symlink():
+                raise FileNotFoundError(name)
+            with path.open("rb") as f:
+                sha256[name] = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError:
+            gone.append(name)
+    return collected.model_copy(update={"sha256": sha256, "unhashed": []}), gone
+
+
+def _analysis(layout: RunLayout, profile: ProfileRecord) -> AnalysisRef:
+    from harness.analysis import analyze_path  # heavy-ish; only runs with traces
     try:
-        analysis = analyze_path(layout.profile, requested_steps=manifest.profile.num_steps)
+        analysis = analyze_path(layout.profile, requested_steps=profile.num_steps)
         write_json(layout.analysis, analysis)
-        ref = AnalysisRef(file=layout.analysis.name, total_gpu_ms=analysis.get("total_gpu_ms"),
-                          steps=analysis.get("steps"), steps_source=analysis.get("steps_source"),
-                          per_step_ms=analysis.get("per_step_ms"))
+        return AnalysisRef(file=layout.analysis.name, total_gpu_ms=analysis.get("total_gpu_ms"),
+                           steps=analysis.get("steps"), steps_source=analysis.get("steps_source"),
+                           per_step_ms=analysis.get("per_step_ms"))
     except HarnessError as e:
-        ref = AnalysisRef(error=str(e))
-    updated = manifest.model_copy(update={"profile": manifest.profile.model_copy(update={"analysis": ref})})
-    write_model(layout.manifest, updated)
-    return updated
+        return AnalysisRef(error=str(e))
 
 
 def _clean_up(ctx: RunContext) -> None:
@@ -179,7 +218,7 @@ def _pull(ctx: RunContext, node: RunContext, remote: str, local: Path, exclude: 
                                      max_bytes=max(1, budget) if budget is not None else None)
         prefix = local.relative_to(ctx.local_dir).as_posix() + "/" if local != ctx.local_dir else ""
         ctx.found.collected = Collected(files=had.files + pulled.files, bytes=had.bytes + pulled.bytes,
-                                        sha256=had.sha256 | {prefix + k: v for k, v in pulled.sha256.items()},
+                                        unhashed=had.unhashed + [prefix + k for k in pulled.sizes],
                                         skipped=had.skipped + [prefix + k for k in pulled.skipped])
         if traces:
             ctx.found.trace_bytes += pulled.bytes

@@ -91,9 +91,13 @@ class Phase(Record):
 
 
 class Collected(Record):
+    """The files brought back from the host(s). `sha256` is each one's as it lies in the run folder
+    (text files after their secrets were masked), computed once the host is free; until then the
+    names wait in `unhashed` (a manifest written by an orchestrator stopped in between)."""
     files: int = 0
     bytes: int = 0
     sha256: dict[str, str] = Field(default_factory=dict)
+    unhashed: list[str] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list)
 
 

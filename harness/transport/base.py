@@ -55,11 +55,17 @@ class Result:
 class Pulled:
     """What a pull brought back, all of it now under the local directory."""
 
-    files: int
-    bytes: int
-    sha256: dict[str, str]  # relative path -> sha256 of each file pulled
+    sizes: dict[str, int]   # relative path -> bytes of each file pulled (no hash: docs/formats.md, collected)
     # Members left out on purpose (links, devices, names escaping the directory), as "name (why)".
     skipped: tuple[str, ...] = ()
+
+    @property
+    def files(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
 
 
 class Transport(Protocol):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import bz2
 import contextlib
 import errno
-import hashlib
 import io
 import lzma
 import math
@@ -342,9 +341,10 @@ class Staging:
             staging.extract(read_chunk)
             pulled = staging.commit()   # only now does anything appear under local_dir
 
-    Files are hashed as they are written, while the next bytes are still on the wire: hashing them
-    again after the stream ended took a fifth of a pull's time (benchmarks/README.md). Each is
-    fsynced by a thread of its own while the next one streams in; `extract` returns once all are.
+    Each file is fsynced by a thread of its own while the next one streams in; `extract` returns once
+    all are. Nothing is hashed here: a pull holds its host, and the sha256 of what came back is the
+    run's to compute once the host is free (`lifecycle.run.finish`; a sixth of a pull's CPU here,
+    benchmarks/README.md).
     """
 
     def __init__(self, local_dir: Path, *, label: str, max_bytes: int | None = None):
@@ -354,7 +354,7 @@ class Staging:
         self.skipped: list[str] = []
         self._skipped_more = 0   # entries left out past SKIPPED_MAX
         self._total = 0
-        self._files: dict[str, tuple[str, int]] = {}  # relative path -> (sha256, size)
+        self._files: dict[str, int] = {}  # relative path -> size
         self._unchecked = 0   # bytes written since the local disk's free space was last looked at
         self._syncer: _Syncer | None = None
         self.tmp: Path | None = None
@@ -475,12 +475,10 @@ class Staging:
             raise Refused(f"pulling {self.label}: what the host sent is not a tar archive ({e})") from e
 
     def _write(self, read: Callable[[int], bytes], path: Path, member: tarfile.TarInfo) -> None:
-        digest = hashlib.sha256()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(os.dup(fd), "wb") as out:
                 while chunk := read(_TAR_BUFFER):
-                    digest.update(chunk)
                     out.write(chunk)
                     self._unchecked += len(chunk)
                     if self._unchecked >= 64 << 20:  # every 64 MB: the host's word on sizes is not ours
@@ -493,7 +491,7 @@ class Staging:
             raise
         assert self._syncer is not None, "_write runs inside _extract"
         self._syncer.put(fd)   # on the disk before extract returns, and so before the run is journaled
-        self._files[path.relative_to(self._dir).as_posix()] = (digest.hexdigest(), member.size)
+        self._files[path.relative_to(self._dir).as_posix()] = member.size
 
     def _filter(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
         why = None
@@ -544,9 +542,7 @@ class Staging:
             for folder in {(self.local_dir / rel).parent for rel in self._files}:
                 _fsync_dir(folder)
         more = (f"... {self._skipped_more} more",) if self._skipped_more else ()
-        return Pulled(files=len(self._files), bytes=sum(size for _, size in self._files.values()),
-                      sha256={rel: digest for rel, (digest, _) in self._files.items()},
-                      skipped=(*self.skipped, *more))
+        return Pulled(sizes=dict(self._files), skipped=(*self.skipped, *more))
 
     def _check_merge(self) -> None:
         """Refuse a merge that would put a file where `local_dir` has a folder, or need a folder where

@@ -217,9 +217,10 @@ def test_a_flag_listing_that_failed_is_not_kept_for_the_hosts_later_runs(tmp_pat
 
 
 def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kill(tmp_path):
-    """The orchestrator died while a finished run's traces waited for their analysis: its manifest
-    says ok, its journal still says running. A resume keeps it (its results were removed and the
-    run redone) and analyses it now."""
+    """The orchestrator died while a finished run's files waited for their hashes and its traces for
+    their analysis (both come once the host is free): its manifest says ok, its journal still says
+    running. A resume keeps it (its results are not removed, the run not redone), hashes its files
+    and analyses its traces now."""
     sw = sweep(tmp_path, flavor="sglang", profile={"mode": "engine", "num_steps": 2})
     first = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
     (done,) = first.manifests
@@ -228,6 +229,9 @@ def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kil
     (run_dir / "analysis.json").unlink()   # as it was before the analysis ran
     manifest = json.loads((run_dir / "manifest.json").read_text())
     manifest["profile"]["analysis"] = None
+    hashed = manifest["collected"]["sha256"]
+    assert len(hashed) == manifest["collected"]["files"] >= 3 and not manifest["collected"]["unhashed"]
+    manifest["collected"] |= {"sha256": {}, "unhashed": sorted(hashed)}
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     with (first.sweep_dir / "journal.jsonl").open("a") as journal_file:   # the kill came before "ok"
         journal_file.write(json.dumps({"t": 1.0, "run_id": "one-1", "state": "running", "host": "a",
@@ -236,6 +240,8 @@ def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kil
     again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
     (kept,) = again.manifests
     assert kept.status == "ok" and kept.profile is not None and kept.profile.analysis is not None
+    assert kept.collected.sha256 == hashed and not kept.collected.unhashed
+    assert json.loads((run_dir / "manifest.json").read_text())["collected"]["sha256"] == hashed
     assert (run_dir / "analysis.json").exists() and (run_dir / "bench.json").stat().st_mtime_ns == started
     assert [s for r, s, _ in journal(again) if r == "one-1"] == ["running", "ok", "running", "ok"]
 

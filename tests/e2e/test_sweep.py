@@ -7,6 +7,7 @@ engine's real launch command, real HTTP, the real profiler protocol, real files 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -253,6 +254,10 @@ def test_a_secret_server_flag_reaches_the_engine_and_nothing_the_harness_writes(
     for path in [p for p in (tmp_path / "r").rglob("*") if p.is_file()]:
         assert key not in path.read_text(errors="replace"), path
     assert key not in run.stdout + run.stderr
+    collected = json.loads((root / "manifest.json").read_text())["collected"]   # hashed as masked, as kept
+    assert not collected.get("unhashed") and len(collected["sha256"]) == collected["files"] >= 3
+    assert collected["sha256"] == {name: hashlib.sha256((root / name).read_bytes()).hexdigest()
+                                   for name in collected["sha256"]}
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])

@@ -30,6 +30,7 @@ from harness.transport import HostSpec, connect
 from harness.transport.base import KILL_BUDGET_S, OUTPUT_LIMIT
 from harness.transport.inbuffer import ReadAhead
 from harness.transport.tarpull import Refused, Staging, TooLarge
+from tests.conftest import contents
 from tests.peak import peak_kb, reset_peak
 from tests.sshd import Sshd
 
@@ -139,17 +140,15 @@ def test_put_replaces_a_file_atomically_leaving_no_temporary_file(transport, tmp
 
 # -- pull ---------------------------------------------------------------------------------------
 
-def test_pull_brings_back_nested_files_with_their_sha256(transport, tmp_path):
+def test_pull_brings_back_nested_files_with_their_sizes(transport, tmp_path):
     remote = tmp_path / "remote"
     (remote / "profile" / "rank0").mkdir(parents=True)
     (remote / "server.log").write_text("ready\n")
     (remote / "profile" / "rank0" / "trace.json").write_bytes(b"{}" * 50_000)
     pulled = transport.pull(str(remote), tmp_path / "local", timeout=30)
     assert pulled.files == 2 and pulled.bytes == 100_006
-    for rel, digest in pulled.sha256.items():
-        assert hashlib.sha256((remote / rel).read_bytes()).hexdigest() == digest
-        assert (tmp_path / "local" / rel).read_bytes() == (remote / rel).read_bytes()
-    assert sorted(pulled.sha256) == ["profile/rank0/trace.json", "server.log"]
+    assert contents(tmp_path / "local") == contents(remote)
+    assert pulled.sizes == {"profile/rank0/trace.json": 100_000, "server.log": 6}
 
 
 def test_pull_merges_into_an_existing_directory(transport, tmp_path):
@@ -174,7 +173,7 @@ def test_hostile_remote_names_stay_inside_the_local_directory(transport, tmp_pat
     (remote / "etc").symlink_to("/etc")
     local = tmp_path / "local"
     pulled = transport.pull(str(remote), local, timeout=30)
-    assert sorted(pulled.sha256) == ["-rf", "line\nbreak"]
+    assert sorted(pulled.sizes) == ["-rf", "line\nbreak"]
     assert sorted(os.listdir(local)) == ["-rf", "line\nbreak"]
     assert sorted(pulled.skipped) == ["./etc (link to /etc)", "./passwd (link to /etc/passwd)"]
 
@@ -217,7 +216,7 @@ def test_a_crafted_tar_stream_cannot_write_outside_or_link(tmp_path):
     with Staging(local, label="crafted") as staging:
         staging.extract(lambda: next(chunks, b""))
         pulled = staging.commit()
-    assert sorted(pulled.sha256) == ["ok/file", "setuid"]
+    assert sorted(pulled.sizes) == ["ok/file", "setuid"]
     assert len(pulled.skipped) == 6
     assert sorted(os.listdir(tmp_path)) == ["run"] and sorted(os.listdir(tmp_path / "run")) == ["collected"]
     assert (local / "setuid").stat().st_mode & 0o7000 == 0
@@ -258,7 +257,7 @@ def test_a_hostile_tar_stream_is_a_failed_collect_never_our_exception(tmp_path, 
     with Staging(local, label="hostile") as staging:
         if why is None:
             staging.extract(read)
-            assert sorted(staging.commit().sha256) == ["ok", "profile/trace.json.gz"]
+            assert sorted(staging.commit().sizes) == ["ok", "profile/trace.json.gz"]
             return
         with pytest.raises(Refused, match=why) as refused:
             staging.extract(read)
@@ -304,8 +303,8 @@ def test_a_stream_compressed_unasked_extracts_whole_and_nothing_may_follow_it(tm
                     staging.extract(read)
                 continue
             staging.extract(read)
-            assert staging.commit().sha256 == {"profile/big": hashlib.sha256(big).hexdigest(),
-                                               "server.log": hashlib.sha256(text).hexdigest()}
+            assert staging.commit().sizes == {"profile/big": len(big), "server.log": len(text)}
+            assert contents(tmp_path / "run") == {"profile/big": big, "server.log": text}
 
 
 def test_an_endless_stream_of_entries_stops_at_the_cap(tmp_path, monkeypatch):
@@ -340,8 +339,7 @@ def test_files_larger_than_a_read_arrive_whole_in_any_chunking(tmp_path, chunk):
     with Staging(tmp_path / "run", label="chunked") as staging:
         staging.extract(chunked(stream, chunk), announced=True)
         pulled = staging.commit()
-    assert pulled.sha256 == {"profile/big.trace.json.gz": hashlib.sha256(big).hexdigest(),
-                             "log": hashlib.sha256(small).hexdigest()}
+    assert pulled.sizes == {"profile/big.trace.json.gz": len(big), "log": len(small)}
     assert (tmp_path / "run" / "profile" / "big.trace.json.gz").read_bytes() == big
 
 
@@ -370,7 +368,7 @@ def test_files_after_a_refused_one_and_a_sparse_one_arrive_whole(tmp_path):
     with Staging(tmp_path / "run", label="forward") as staging:
         staging.extract(chunked(stream, 70_001))
         pulled = staging.commit()
-    assert sorted(pulled.sha256) == ["kept", "sparse", "z-after"]
+    assert sorted(pulled.sizes) == ["kept", "sparse", "z-after"]
     assert pulled.skipped and (tmp_path / "run" / "z-after").read_bytes() == after
     assert (tmp_path / "run" / "sparse").read_bytes() == (tmp_path / "src" / "sparse").read_bytes()
 
@@ -382,7 +380,8 @@ def test_a_compressed_stream_arriving_a_byte_at_a_time_extracts_whole(tmp_path):
                              capture_output=True, check=True).stdout
     with Staging(tmp_path / "local", label="bytewise") as staging:
         staging.extract(chunked(archive, 1))
-        assert staging.commit().sha256 == {"server.log": hashlib.sha256(b"ready\n" * 100).hexdigest()}
+        assert staging.commit().sizes == {"server.log": 600}
+    assert contents(tmp_path / "local") == {"server.log": b"ready\n" * 100}
 
 
 # -- SSH only: host keys, credentials, reachability ------------------------------------------------
@@ -515,8 +514,8 @@ def test_workers_pull_at_once_each_on_its_own_connection(sshd, tmp_path):
         w.start()
     for w in workers:
         w.join(60)
-    digest = hashlib.sha256((remote / "trace.json").read_bytes()).hexdigest()
-    assert [getattr(results.get(i), "sha256", results.get(i)) for i in range(6)] == [{"trace.json": digest}] * 6
+    assert [getattr(results.get(i), "sizes", results.get(i)) for i in range(6)] == [{"trace.json": 1_400_000}] * 6
+    assert all(contents(tmp_path / f"local-{i}") == contents(remote) for i in range(6))
 
 
 def use_ssh_config(monkeypatch, path: Path, sshd: Sshd, name: str, *extra: str) -> None:
@@ -547,7 +546,7 @@ def _pulls_whole(transport, tmp_path: Path) -> None:
     (remote / "trace.json").write_bytes(os.urandom(3 << 20))
     pulled = transport.pull(str(remote), tmp_path / "local", timeout=60)
     assert (tmp_path / "local" / "trace.json").read_bytes() == (remote / "trace.json").read_bytes()
-    assert pulled.sha256 == {"trace.json": hashlib.sha256((remote / "trace.json").read_bytes()).hexdigest()}
+    assert pulled.sizes == {"trace.json": 3 << 20}
 
 
 def test_a_socket_is_read_ahead_and_a_jump_hosts_channel_is_left_as_it_is(sshd, tmp_path):

@@ -81,7 +81,7 @@ def test_the_stream_of_a_folder_after_its_size_line_arrives_whole_in_any_chunkin
     for size in (1, 5, 511, 513, 65536):
         with Staging(tmp_path / f"run{size}", label="gpu-01:/w/run") as staging:
             staging.extract(chunks(b"4100\n", GOOD, size=size), announced=True)
-            assert sorted(staging.commit().sha256) == ["server.log"]
+            assert sorted(staging.commit().sizes) == ["server.log"]
 
 
 def test_nothing_after_the_size_line_is_left_to_the_remote_tars_exit_status(tmp_path):

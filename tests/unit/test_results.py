@@ -192,3 +192,28 @@ def test_the_analysis_of_every_real_trace_reads_back_as_written(tmp_path, fixtur
     read = read_model(tmp_path / "analysis.json", AnalysisFile)
     assert [k.name for k in read.top] == [k["name"] for k in analysis["top"]]
     assert read.categories == (analysis["categories"] or {})
+
+
+def test_finishing_a_run_hashes_its_files_as_they_lie_and_names_those_that_are_gone(tmp_path):
+    """The hashes come once the host is free (`finish`): of each file as it lies in the run folder, a
+    file gone by then named in a warning rather than hashed as nothing, and a name that would lead out
+    of the folder (a damaged manifest's) never read."""
+    import hashlib
+
+    from harness.lifecycle.run import finish, unfinished
+    from harness.results import RunLayout
+
+    layout = RunLayout(tmp_path / "run")
+    (layout.dir / "profile").mkdir(parents=True)
+    (layout.dir / "server.log").write_text("masked ***\n")
+    (layout.dir / "profile" / "0.trace.json.gz").write_bytes(b"\x1f\x8b" + bytes(1000))
+    (tmp_path / "outside").write_text("not the run's")
+    names = ["profile/0.trace.json.gz", "server.log", "bench.json", "../outside"]
+    record = RunManifest.model_validate(manifest(collected={"files": 4, "bytes": 1013, "unhashed": names}))
+    assert unfinished(record)
+    done = finish(layout, record)
+    assert done.collected.sha256 == {name: hashlib.sha256((layout.dir / name).read_bytes()).hexdigest()
+                                     for name in ("profile/0.trace.json.gz", "server.log")}
+    assert not done.collected.unhashed and not unfinished(done)
+    assert [w.split(":")[0] for w in done.warnings] == ["bench.json", "../outside"]
+    assert "finish" in done.phases and read_model(layout.manifest, RunManifest) == done
