@@ -53,7 +53,7 @@ class RunSpec:
 class Rendered:
     script: str
     args: dict[str, Any]
-    env: dict[str, str]            # public env (in the script)
+    env: dict[str, str | None]     # public env (in the script; None: unset there)
     secret_env: dict[str, str]     # reaches the host in a 0600 file, never in the script
     port: int
     paths: HostRunLayout
@@ -80,7 +80,7 @@ class Sweep:
         values = [v for h in self.hosts for v in h.secret_values]
         for env in [self.playbook.server.env, *(c.env for c in self.playbook.all_configs),
                     *(h.env for h in self.hosts)]:
-            values += [v for k, v in env.items() if is_secret(k, self.secret_names)]
+            values += [v for k, v in env.items() if v is not None and is_secret(k, self.secret_names)]
         for args in [self.playbook.server.args, *(c.args for c in self.playbook.all_configs)]:
             for flag, value in args.items():
                 if is_secret(flag, self.secret_names):
@@ -123,7 +123,7 @@ class Sweep:
             args = {k: v for k, v in args.items() if k.lstrip("-") not in written} | self.engine.node_args(node)
         env = self._merged(base, [(None, host.env), (("server", "env"), pb.server.env),
                                   ((*at, "env"), run.config.env)])
-        secret = {k: v for k, v in env.items() if is_secret(k, self.secret_names)}
+        secret = {k: v for k, v in env.items() if v is not None and is_secret(k, self.secret_names)}
         public = {k: v for k, v in env.items() if k not in secret}
         for flag, value in list(args.items()):   # `api-key: ...`: the value goes where secrets go
             if is_secret(flag, self.secret_names):

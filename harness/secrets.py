@@ -76,9 +76,10 @@ class Redactor:
             s = s.replace(v, MASK)
         return s
 
-    def env(self, env: Mapping[str, str], listed: Iterable[str] = ()) -> dict[str, str]:
+    def env(self, env: Mapping[str, str | None], listed: Iterable[str] = ()) -> dict[str, str | None]:
+        """Each value masked where its name is a secret's (None, an unset variable, stays None)."""
         listed = list(listed)
-        return {k: MASK if is_secret(k, listed) else self.text(v) for k, v in env.items()}
+        return {k: v if v is None else MASK if is_secret(k, listed) else self.text(v) for k, v in env.items()}
 
     def data(self, obj):
         """Redact every string inside a JSON-like structure, and every number that is a secret (an

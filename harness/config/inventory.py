@@ -119,7 +119,8 @@ class Host(BaseModel):
     gpu: str | None = Field(None, description="GPU model, e.g. H200")
     gpu_bandwidth_gbs: float | None = Field(None, gt=0, description="memory bandwidth per GPU in GB/s, for the "
                                             "roofline; default: from the GPU model")
-    env: dict[str, str] = Field(default_factory=dict, description="environment for every server on this host")
+    env: dict[str, str | None] = Field(default_factory=dict, description="environment for every server on this "
+                                       "host (null: unset)")
     secrets: list[str] = Field(default_factory=list, description="env names to treat as secrets")
     scheduler: Literal["slurm"] | None = Field(None, description="slurm: the group is a Slurm cluster, its "
                                               "nodes allocated for each sweep (see `slurm`)")
@@ -204,7 +205,7 @@ class Host(BaseModel):
     @property
     def secret_values(self) -> list[str]:
         """The values of its secret env and variables, for the redactor: text, or a number as written."""
-        found = [v for k, v in self.env.items() if is_secret(k, self.secrets)]
+        found = [v for k, v in self.env.items() if v is not None and is_secret(k, self.secrets)]
         return found + [str(v) for k, v in self.vars.items()
                         if is_secret(k, self.secrets) and isinstance(v, (str, int, float)) and not isinstance(v, bool)]
 

@@ -2,7 +2,7 @@
 
 Every key is declared once here, typed, with its description and default; unknown keys are errors.
 `configs[*].args` / `.env` merge over `server.args` / `.env` (a config's value wins; `null` removes a
-flag the server section set).
+flag the server section set, and unsets a variable, whatever the host or the server section set).
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def _check_env(env: dict) -> dict:
             raise ValueError(f"{name!r} is not a valid environment variable name")
         if isinstance(value, (dict, list)):
             raise ValueError(f"{name}: environment values are strings")
-        out[str(name)] = "" if value is None else ("1" if value is True else "0" if value is False
-                                                   else str(value))
+        # null: unset in the launch script (an empty value is not an absent one: CUDA_VISIBLE_DEVICES="")
+        out[str(name)] = None if value is None else ("1" if value is True else "0" if value is False
+                                                     else str(value))
     return out
 
 

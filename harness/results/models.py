@@ -60,7 +60,7 @@ class ConfigRecord(Record):
     name: str
     description: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str | None] = Field(default_factory=dict)   # None: unset in the launch script
 
 
 class HostRecord(Record):

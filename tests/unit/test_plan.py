@@ -3,6 +3,7 @@
 import hashlib
 import os
 import shlex
+import subprocess
 
 import pytest
 
@@ -69,6 +70,31 @@ def test_configs_merge_over_server_args_and_null_removes_a_flag(files):
     tp8, ep8 = (sweep.render(run, run.hosts[0]) for run in sweep.runs)
     assert tp8.args == {"trust-remote-code": True, "kv-cache-dtype": "fp8_e4m3", "tp-size": 8}
     assert "--kv-cache-dtype" not in ep8.script and "--ep-size 8" in ep8.script
+
+
+def test_a_null_variable_is_unset_in_the_script_whatever_the_host_or_the_server_section_set(files):
+    """`null` for a variable means no variable, as for a flag: an empty one is not an absent one
+    (CUDA_VISIBLE_DEVICES="" hides every GPU). A configuration's or a matrix point's null unsets what
+    the host's or the server section's set, and what the login's environment brought."""
+    inventory = INVENTORY.replace("{g1: {address: 10.0.0.1}", "{g1: {address: 10.0.0.1, env: {HOSTVAR: h}}")
+    playbook = PLAYBOOK.replace("HF_TOKEN: \"hf_s3cr3t'$x\"}", "HF_TOKEN: \"hf_s3cr3t'$x\", FOO: '1', BAR: keep}")
+    playbook = playbook.replace("  - {name: tp8, args: {tp-size: 8}}",
+                                "  - {name: tp8, args: {tp-size: 8}, env: {FOO: null, HOSTVAR: null, HF_TOKEN: null}}")
+    playbook += "matrix: {axes: {env.QUX: [null, '1']}}\nhosts: g1\n"
+    playbook = playbook.replace("hosts: gpu\n", "")
+    sweep = load_sweep(*files(playbook, inventory), sweep_id="s1")
+    rendered = {run.config.name: sweep.render(run, run.hosts[0]) for run in sweep.runs}
+    assert sorted(rendered) == ["ep8_QUX-1", "ep8_no-QUX", "tp8_QUX-1", "tp8_no-QUX"]
+    off = rendered["tp8_no-QUX"]
+    assert off.env["FOO"] is None and "HF_TOKEN" not in off.secret_env and "export FOO" not in off.script
+    lines = [line for line in off.script.splitlines() if line.startswith(("unset ", "export "))]
+    shown = subprocess.run(["bash", "-c", "\n".join(lines) + "\nenv"], capture_output=True, text=True, check=True,
+                           env={"PATH": os.environ["PATH"], "FOO": "outer", "HOSTVAR": "outer", "QUX": "outer",
+                                "HF_TOKEN": "outer"}).stdout.splitlines()
+    assert "BAR=keep" in shown and not [v for v in shown if v.split("=")[0] in ("FOO", "HOSTVAR", "QUX", "HF_TOKEN")]
+    on = rendered["ep8_QUX-1"]
+    assert "export QUX=1" in on.script and "export FOO=1" in on.script and "export HOSTVAR=h" in on.script
+    assert "HF_TOKEN" in on.secret_env
 
 
 def test_the_script_activates_the_venv_and_renders_template_values(files):
