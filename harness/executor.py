@@ -88,6 +88,10 @@ class RunSource(Protocol):
 
     def ended(self, manifest: RunManifest) -> None: ...
 
+    def close(self, *, interrupted: bool) -> None:
+        """The sweep is over; `interrupted`: Ctrl-C (or SIGTERM) stopped the runs in flight, which
+        were never told and which `--resume` runs again."""
+
 
 class Stopped(Exception):
     """The sweep stopped (Ctrl-C, SIGTERM, --fail-fast) while a run waited to try again: no new attempt."""
@@ -200,6 +204,8 @@ class Executor:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         self._settle_leftovers()
+        if self.source is not None:
+            self.source.close(interrupted=self.outcome.interrupted)
         write_summary(self.sweep_dir)
         self._write_sweep_json(finished=time.time())
         return self.outcome

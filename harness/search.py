@@ -133,6 +133,7 @@ class Search:
         self.stopped: str | None = None           # why no more trials are asked
         self.broken: str | None = None            # the study itself failed
         self.best: float | None = None            # the best value so far (search.json's best)
+        self.interrupted = False                  # the sweep was: its trials in flight were stopped
         self.resume = resume
         self._study: optuna.Study | None = None
         self._settled = not resume
@@ -269,6 +270,19 @@ class Search:
         self._write(study)
         return None
 
+    def close(self, *, interrupted: bool) -> None:
+        """The sweep is over. Interrupted, its trials in flight stay running in the study (told on
+        `--resume`) and search.json says they were interrupted, not that they still run."""
+        if not interrupted:
+            return
+        with self.lock:
+            self.interrupted = True
+            if self._study is not None:
+                try:
+                    self._write(self._study)
+                except Exception as e:  # the runs' results stand; said at the sweep's end
+                    self.broken = f"the study in {self.layout.study} failed: {type(e).__name__}: {e}"
+
     def ended(self, manifest: RunManifest) -> None:
         with self.lock:
             number = self.trial_of.get(manifest.run_id)
@@ -348,15 +362,18 @@ class Search:
     def _write(self, study: optuna.Study) -> None:
         reasons = {int(k.removeprefix(REASON)): v for k, v in study.user_attrs.items() if k.startswith(REASON)}
         found = search_file(study.get_trials(deepcopy=False), self.settings, self.layout, grid_size=self.grid_size,
-                            stopped=self.stopped, reasons=reasons)
+                            stopped=self.stopped, reasons=reasons, interrupted=self.interrupted)
         self.best = found.best.value if found.best is not None else None
         write_model(self.layout.search, found)
 
 
 def search_file(trials: list[FrozenTrial], settings: Optuna, layout: SweepLayout, *, grid_size: int | None,
-                stopped: str | None, reasons: dict[int, str] | None = None) -> SearchFile:
-    """search.json from the study's trials: each with its run, state and value, and the best."""
-    states = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.RUNNING: "running"}
+                stopped: str | None, reasons: dict[int, str] | None = None, interrupted: bool = False) -> SearchFile:
+    """search.json from the study's trials: each with its run, state and value, and the best. After an
+    interrupt a trial still running in the study is `interrupted` (the study keeps it running, to be
+    told on `--resume`)."""
+    states = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed",
+              TrialState.RUNNING: "interrupted" if interrupted else "running"}
     out = []
     for t in trials:
         run_id = t.user_attrs.get(RUN_ID)

@@ -61,6 +61,8 @@ def note(trial_state: str, duplicate_of: int | None, reason: str | None) -> str:
         return f"ran as trial {duplicate_of}"
     if trial_state == "failed":
         return f"failed: {reason}" if reason else "failed"
+    if trial_state == "interrupted":
+        return "interrupted: --resume runs it again"
     return "running" if trial_state == "running" else ""
 
 

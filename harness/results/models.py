@@ -639,7 +639,8 @@ class AnalysisFile(Versioned, Scope):
 
 # --- search.json -------------------------------------------------------------------------------------
 
-TrialState = Literal["complete", "failed", "running", "duplicate"]
+TrialState = Literal["complete", "failed", "running", "interrupted", "duplicate"]
+"""`interrupted`: its run was in flight when the sweep was interrupted; `--resume` runs it again."""
 
 
 class SearchTrial(Record):

@@ -344,6 +344,28 @@ def test_a_resumed_search_has_the_runs_so_far_and_asks_on_from_there(tmp_path):
     assert (trials[-1]["run_id"], trials[-1]["state"]) == (fresh.run_id, "running")
 
 
+def test_an_interrupted_search_says_its_trial_in_flight_was_interrupted_and_a_resume_runs_it(tmp_path):
+    """Ctrl-C stops the run in flight without telling its trial: search.json and the table say it was
+    interrupted (not that it still runs), the study keeps it running, and the resume tells it."""
+    from rich.console import Console
+
+    from harness.report.search_view import render_search
+    from harness.results import SearchFile
+    first = _search(tmp_path)
+    done, stopped = first.next(), first.next()
+    assert done is not None and stopped is not None
+    _end(first, done, 300.0)
+    assert [t["state"] for t in _read(first)["trials"]] == ["complete", "running"]
+    first.close(interrupted=True)
+    assert [t["state"] for t in _read(first)["trials"]] == ["complete", "interrupted"]
+    console = Console(width=200, record=True)
+    console.print(render_search(SearchFile.model_validate(_read(first))))
+    assert "interrupted: --resume runs it again" in console.export_text()
+    again = _search(tmp_path, resume=True, sweep_id=first.sweep.sweep_id)
+    _end(again, stopped, 200.0)
+    assert [(t["state"], t["value"]) for t in _read(again)["trials"]] == [("complete", 300.0), ("complete", 200.0)]
+
+
 def test_a_resumed_search_whose_run_ended_before_it_was_told_is_told_from_its_folder(tmp_path):
     from harness.journal import Journal
     first = _search(tmp_path)
