@@ -66,6 +66,9 @@ _HOST_FATAL = frozenset({Kind.HOST_KEY, Kind.AUTH, Kind.PREFLIGHT})
 
 class HarnessError(Exception):
     kind: Kind = Kind.ERROR
+    # whether what the run left on its host may still be brought back though the host is gone: a Slurm
+    # node gone with its job, whose folder the login host may reach on a shared filesystem
+    collectable: bool = False
 
     def __init__(self, message: str, *, kind: Kind | None = None):
         super().__init__(message)

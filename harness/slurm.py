@@ -28,6 +28,8 @@ allocation would overrule both, unattended. The first step that fails asks squeu
 (`JobEnded`, then a host error of kind preflight when its worker connects again, which sets the node
 aside for the sweep without a backoff), so the run in flight and every run left for the allocation
 fail within seconds naming the job and why, and `--resume --retry-failed` runs them on a new one.
+The run in flight still brings back what it wrote, through the login host, where its workdir is on
+a filesystem the login host shares (`SlurmTransport.pull`).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def execute(ctx: RunContext) -> RunManifest:
                 _teardown(ctx)
     except HarnessError as e:
         error = e
-    if error is None or error.kind not in UNREACHABLE:
+    if error is None or error.kind not in UNREACHABLE or error.collectable:
         error = _collect(ctx, error)
     if error is None:
         for node in ctx.nodes:

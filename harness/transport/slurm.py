@@ -138,7 +138,10 @@ def ended_reason(state: str, reason: str) -> str | None:
 
 
 class JobEnded(UnreachableError):
-    """The job of a node ended (time limit, scancel...): its nodes are gone for the rest of the sweep."""
+    """The job of a node ended (time limit, scancel...): its nodes are gone for the rest of the sweep.
+    What a run left in its folder may still be pulled through the login host (`SlurmTransport.pull`)."""
+
+    collectable = True
 
 
 class JobWatch:
@@ -406,6 +409,9 @@ class SlurmTransport(ProcessTransport):
 
     def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
              max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:
+        if self.watch.ended:   # the node is gone; its folder may be on a filesystem the login host shares
+            return self._pull_from_login(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes,
+                                         exclude=exclude)
         try:
             return super().pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
         except CommandFailed as e:
@@ -419,6 +425,17 @@ class SlurmTransport(ProcessTransport):
                        or self._cut_short(e.command or remote_dir, Result(e.command or "", e.exit_code, "",
                                                                           e.output))) from None
             raise
+
+    def _pull_from_login(self, remote_dir: str, local_dir: Path, *, timeout: float, max_bytes: int | None,
+                         exclude: tuple[str, ...]) -> Pulled:
+        """The folder of a node whose job has ended, pulled from the login host: there on a shared
+        filesystem (a cluster's usual workdir), not on a node's local disk, which is JobEnded."""
+        try:
+            return self.login.pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
+        except CommandFailed as e:
+            raise JobEnded(f"node {self.node} is gone with its job ({self.watch.ended}), and {remote_dir} is not "
+                           f"on the login host {self.login.host.name} either: a workdir on the node's own disk is "
+                           "gone with it", host=self.host.name, command=e.command, output=e.output) from e
 
     def placement(self, step: str | None) -> dict[str, Any]:
         """Where a run on this node ran, for its manifest: `step` is the step that launched its server."""

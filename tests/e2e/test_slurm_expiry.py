@@ -42,9 +42,11 @@ def _journal(results: Path) -> list[dict]:
 
 
 def test_a_job_cancelled_mid_sweep_fails_what_is_left_at_once_naming_the_job(tmp_path, cluster, remote_venv):
-    """scancel of the sweep's job once a run is done: that run stays ok with its files, every other
-    run fails naming the job and that it was cancelled, and a node connected again is set aside for
-    the sweep at once (no backoff: never `set aside:` for a while and tried again)."""
+    """scancel of the sweep's job once a run is done and another's server is up: the first stays ok
+    with its files, the one in flight fails naming the job and brings back what it had (server.log)
+    through the login host, which shares the workdir, every other run fails naming the job and that
+    it was cancelled, and a node connected again is set aside for the sweep at once (no backoff:
+    never `set aside:` for a while and tried again)."""
     results = tmp_path / "r"
     pb = four_configs(tmp_path, benchmark={"prompt": "hello there", "max_tokens": 64, "concurrency": [1, 2],
                                            "requests": 48, "warmup": 1, "timeout_s": 60})
@@ -54,7 +56,12 @@ def test_a_job_cancelled_mid_sweep_fails_what_is_left_at_once_naming_the_job(tmp
                              env={**os.environ, **cluster.env, "COLUMNS": "200"})
     try:
         deadline = time.monotonic() + 300
-        while not any(e.get("state") == "ok" for e in _journal(results)):
+
+        def in_flight() -> list[str]:   # runs not ok yet whose server has written its log on the node
+            ended = {e["run_id"] for e in _journal(results) if e.get("state") == "ok"}
+            return [p.parent.name for p in (tmp_path / "node-work").glob("*/*/*/server.log")   # NODE/SWEEP/RUN
+                    if p.parent.name not in ended] if ended else []
+        while not (launched := in_flight()):
             assert sweep.poll() is None and time.monotonic() < deadline, "no run ever finished"
             time.sleep(0.2)
         (job,) = [line.split()[0] for line in cluster.jobs("RUNNING")]
@@ -76,6 +83,9 @@ def test_a_job_cancelled_mid_sweep_fails_what_is_left_at_once_naming_the_job(tmp
         if run_id not in ok:
             assert m["status"] == "failed", (run_id, m)
             assert f"Slurm job {job} was cancelled" in m["error"]["message"], (run_id, m["error"])
+    for run_id in launched:   # its node is gone; its folder, on the shared workdir, is not
+        assert "server.log" in found[run_id]["collected"]["sha256"], (run_id, found[run_id]["collected"])
+        assert (sweep_dir(results) / "runs" / run_id / "server.log").is_file()
     said = err.replace("\n", " ")
     # a node whose worker connects again (it has a run left to take) is set aside at once
     assert any(f"[{node}] set aside for this sweep: [{node}] node {node} of slurm group 'cluster' is gone "
@@ -112,6 +122,12 @@ def test_a_job_past_its_time_limit_fails_its_steps_saying_so_and_its_nodes_at_on
         with pytest.raises(JobEnded, match=f"Slurm job {job} reached its time limit"):
             second.run("true", timeout=30)
         assert second.step is None   # no srun was started for it
+        shared = tmp_path / "shared-run"   # a run's folder on a filesystem the login host shares
+        (shared / "profile").mkdir(parents=True)
+        (shared / "server.log").write_text("the server's last words\n")
+        assert first.pull(str(shared), tmp_path / "back", timeout=30).sizes == {"server.log": 24}
+        with pytest.raises(JobEnded, match="not on the login host localhost either"):
+            second.pull(str(tmp_path / "on-the-node-only"), tmp_path / "none", timeout=30)
         with pytest.raises(RemoteError) as again:
             nodes(HostSpec(name=allocation.nodes[1]))
         assert again.value.kind.host_fatal and f"Slurm job {job} reached its time limit" in str(again.value)
