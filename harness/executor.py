@@ -41,7 +41,7 @@ from harness.events import Events, Quiet
 from harness.hosts import HOST_BACKOFF_S, Beat, Connect, HostPool, HostState, internal_text
 from harness.journal import Journal, latest_states
 from harness.lifecycle.context import Node, RunContext
-from harness.lifecycle.run import execute, finish, unfinished, unrun_manifest
+from harness.lifecycle.run import execute, finish, needs_analysis, unfinished, unrun_manifest
 from harness.lifecycle.server import stop_command
 from harness.lock import SweepLock
 from harness.plan import RunSpec, Sweep
@@ -62,6 +62,7 @@ from harness.results import (
 )
 from harness.resume import plan_resume, sweep_record
 from harness.transport import connect as connect_over_transport
+from harness.transport.base import Placed
 from harness.transport.tarpull import remove_stale_staging
 
 __all__ = ["Executor", "Outcome", "internal_text", "parse_deadline"]
@@ -362,10 +363,17 @@ class Executor:
                 self.journal.append(spec.run_id, "retry", host=state.host.name,
                                     error_kind=manifest.error and manifest.error.kind)
                 return True
-        if unfinished(manifest):   # its files' hashes and its traces' analysis: once the host is free
-            self.afterwards.submit(self._complete_then_finish, spec, state, manifest)
-        else:
-            self._finish(spec, state, manifest)
+        if self.fail_fast and not manifest.ok:
+            self.stop.set()   # before the host takes its next run (`_finish` says why, once journaled)
+        if needs_analysis(manifest):   # the traces' analysis and the hashes of their files: once the host is free
+            try:
+                self.afterwards.submit(self._complete_then_finish, spec, state, manifest)
+                return False
+            except RuntimeError:   # the sweep is ending (Ctrl-C): no more work for later, so now
+                pass
+        # a run without traces hashes its few files here (and is journaled at once, as a failed run must
+        # be for --fail-fast and --resume); one with traces waits for the analysis, which has them
+        self._complete_then_finish(spec, state, manifest)
         return False
 
     def _move(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> bool:
@@ -390,14 +398,14 @@ class Executor:
 
     def _completed(self, spec: RunSpec, manifest: RunManifest) -> RunManifest:
         """The manifest finished (`lifecycle.run.finish`: its files hashed, its traces analysed); as it
-        was when that failed (our own bug: the run's measurements stand, and `harness analyze` runs the
-        analysis again)."""
+        was when that failed (our own bug, or a manifest that could not be written: the run's
+        measurements stand, and a `--resume` finishes it)."""
         layout = self.layout.run(spec.run_id)
         try:
             return finish(layout, manifest)
         except Exception as e:
-            self.events.log(f"{spec.run_id}: completing its results failed ({internal_text(e)}); "
-                            f"`harness analyze {layout.profile}` runs the analysis again")
+            self.events.log(f"{spec.run_id}: hashing its files or writing its manifest failed ({internal_text(e)}); "
+                            "`harness sweep --resume` finishes it")
             return manifest
 
     def _complete_then_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
@@ -452,7 +460,11 @@ class Executor:
         unfit = [node.host.name for node in ctx.nodes if node.found.host_unfit]
         if error is not None and unfit and not self.stop.is_set():
             raise Unfit(manifest, unfit)
-        if error is not None and (error.as_kind.retried or state.lost) and not self.stop.is_set():
+        gone = [n.transport.gone for n in ctx.nodes if isinstance(n.transport, Placed) and n.transport.gone]
+        if error is not None and gone:   # its job ended: no node of it comes back, and what it brought back stays
+            self.events.log(f"[{host.name}] {spec.run_id}: not tried again ({gone[0]})")
+            self.pool.drop(state)   # connected again for its next run, the node is set aside at once
+        elif error is not None and (error.as_kind.retried or state.lost) and not self.stop.is_set():
             self.events.log(f"[{host.name}] {spec.run_id}: attempt {attempt} failed ({error.line()})")
             raise Transient(manifest)
         return manifest
@@ -515,6 +527,8 @@ class Executor:
             if spec.run_id in plan.done:
                 try:
                     manifest = load_run(layout).manifest
+                    if unfinished(manifest):   # stopped before its hashes or analysis were written
+                        manifest = self._completed(spec, manifest)
                     self.outcome.manifests.append(manifest)
                     if rebuilt:   # journaled again, or a later resume would know nothing of it
                         self.journal.append(spec.run_id, manifest.status, host=manifest.host.name,

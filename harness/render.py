@@ -38,6 +38,10 @@ class ShellWords(str):
 
 
 def shquote(value: Any) -> str:
+    if value is None:   # an unset variable (env: null) or a missing value: never the word None
+        raise jinja2.TemplateRuntimeError("shquote of a null value: an env value of null means the variable "
+                                          "is unset; test `value is none` first, as the built-in "
+                                          "_common.sh.j2 does (`unset NAME`)")
     if isinstance(value, ShellWords):
         return str(value)
     if isinstance(value, bool):
@@ -182,7 +186,7 @@ def render_template(path: Path, context: Mapping[str, Any]) -> str:
     except jinja2.TemplateSyntaxError as e:
         raise InputError(f"template syntax error: {e.message}", file=str(path), line=e.lineno) from None
     except jinja2.TemplateError as e:
-        raise InputError(f"template error: {e}", file=str(path)) from None
+        raise InputError(f"template error: {e}", file=str(path), line=_template_line(e)) from None
 
 
 def undefined(error: jinja2.UndefinedError, context: Mapping[str, Any]) -> str:

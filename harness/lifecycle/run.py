@@ -40,7 +40,8 @@ UNREACHABLE = ("unreachable", "auth", "host_key")
 
 def execute(ctx: RunContext) -> RunManifest:
     """Run every stage, collect, and write the manifest. The hashes of the files brought back and the
-    profile's analysis (CPU work here) are left to `finish`, so the host can start its next run meanwhile.
+    profile's analysis (CPU work here) are left to `finish`, which the executor runs once the host is
+    free for its next run where traces came back.
 
     A server on several hosts (`ctx.peers`): every node is preflighted, the other nodes are launched
     before node 0 (which waits for them at its rendezvous), health and the benchmark are node 0's, the
@@ -75,7 +76,10 @@ def execute(ctx: RunContext) -> RunManifest:
                 _teardown(ctx)
     except HarnessError as e:
         error = e
-    if error is None or error.kind not in UNREACHABLE or error.collectable:
+    # a node gone with what it wrote still reachable (collectable) is pulled only where this attempt's
+    # preflight emptied its folder first: else what lies there is an earlier attempt's
+    if error is None or error.kind not in UNREACHABLE or (
+            error.collectable and all(node.found.probe is not None for node in ctx.nodes)):
         error = _collect(ctx, error)
     if error is None:
         for node in ctx.nodes:
@@ -161,6 +165,9 @@ def _analysis(layout: RunLayout, profile: ProfileRecord) -> AnalysisRef:
                            per_step_ms=analysis.get("per_step_ms"))
     except HarnessError as e:
         return AnalysisRef(error=str(e))
+    except Exception as e:  # our own bug, or our disk: the hashes and the run's measurements stand
+        return AnalysisRef(error=f"the analysis failed ({type(e).__name__}: {e}); `harness analyze "
+                                 f"{layout.profile}` runs it again")
 
 
 def _clean_up(ctx: RunContext) -> None:
@@ -350,7 +357,9 @@ def build_manifest(ctx: RunContext, error: HarnessError | None, files: FromFiles
         "sweep_id": sweep.sweep_id,
         "config": {"name": ctx.run.config.name, "description": ctx.run.config.description,
                    "args": ctx.rendered.args,
-                   "env": redact.env({**ctx.rendered.env, **ctx.rendered.secret_env}, sweep.secret_names)},
+                   "env": redact.env({k: v for k, v in {**ctx.rendered.env, **ctx.rendered.secret_env}.items()
+                                      if v is not None}, sweep.secret_names),
+                   "unset": [k for k, v in ctx.rendered.env.items() if v is None]},
         "repeat": ctx.run.repeat,
         "host": ctx.host.public(redact),
         "placement": placement(ctx),

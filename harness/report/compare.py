@@ -330,7 +330,7 @@ def _time_scale(runs: Sequence[Sample]) -> float:
     manifest = runs[0].manifest
     if manifest.engine != "sim":
         return 1.0
-    return recorded_time_scale({k: v for k, v in manifest.config.env.items() if v is not None})
+    return recorded_time_scale(manifest.config.env)
 
 
 def time_note(rows: list[dict]) -> str | None:

@@ -317,7 +317,7 @@ def _configs(runs: list[RunResult]) -> list[dict]:
     for run in runs:
         m, c = run.manifest, run.manifest.config
         seen.setdefault(c.name, {"name": c.name, "description": c.description, "args": c.args, "env": c.env,
-                                 "gpus": m.gpus_used, "engine": m.engine})
+                                 "unset": c.unset, "gpus": m.gpus_used, "engine": m.engine})
     return list(seen.values())
 
 

@@ -94,7 +94,7 @@ class Display:
 
     def done(self, manifest: RunManifest) -> None:
         host = manifest.host.name or "?"
-        seconds = sum(p.seconds for p in manifest.phases.values())
+        seconds = sum(p.seconds for name, p in manifest.phases.items() if name != "finish")   # the host's
         with self.lock:
             self.done_count += 1
             self.failed += manifest.status == "failed"

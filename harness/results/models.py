@@ -60,7 +60,8 @@ class ConfigRecord(Record):
     name: str
     description: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str | None] = Field(default_factory=dict)   # None: unset in the launch script
+    env: dict[str, str] = Field(default_factory=dict)
+    unset: list[str] = Field(default_factory=list)   # env names the launch script unsets (env: null)
 
 
 class HostRecord(Record):

@@ -103,9 +103,14 @@ class Transport(Protocol):
 @runtime_checkable
 class Placed(Protocol):
     """A transport onto a node a scheduler allocated: it says where a run on it ran (the manifest's
-    `placement`); `step` is the step of the command that launched the run's server."""
+    `placement`); `step` is the step of the command that launched the run's server. `gone`: why the
+    node is gone for the rest of the sweep (its job ended), or None: a run it fails is not tried again
+    there, nor on another node of the same job, which would throw away what it brought back."""
 
     def placement(self, step: str | None) -> dict[str, Any]: ...
+
+    @property
+    def gone(self) -> str | None: ...
 
 
 class Tail:

@@ -429,13 +429,22 @@ class SlurmTransport(ProcessTransport):
     def _pull_from_login(self, remote_dir: str, local_dir: Path, *, timeout: float, max_bytes: int | None,
                          exclude: tuple[str, ...]) -> Pulled:
         """The folder of a node whose job has ended, pulled from the login host: there on a shared
-        filesystem (a cluster's usual workdir), not on a node's local disk, which is JobEnded."""
+        filesystem (a cluster's usual workdir), not on a node's local disk, which is JobEnded. Over a
+        connection of its own: the heartbeat closes this transport's (`close`) once the node is lost."""
+        from harness.transport import connect  # the package's, which imports this module
+        login = connect(self.login.host)
         try:
-            return self.login.pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
+            return login.pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
         except CommandFailed as e:
             raise JobEnded(f"node {self.node} is gone with its job ({self.watch.ended}), and {remote_dir} is not "
                            f"on the login host {self.login.host.name} either: a workdir on the node's own disk is "
                            "gone with it", host=self.host.name, command=e.command, output=e.output) from e
+        finally:
+            login.close()
+
+    @property
+    def gone(self) -> str | None:
+        return self.watch.ended
 
     def placement(self, step: str | None) -> dict[str, Any]:
         """Where a run on this node ran, for its manifest: `step` is the step that launched its server."""

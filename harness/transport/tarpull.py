@@ -343,8 +343,8 @@ class Staging:
 
     Each file is fsynced by a thread of its own while the next one streams in; `extract` returns once
     all are. Nothing is hashed here: a pull holds its host, and the sha256 of what came back is the
-    run's to compute once the host is free (`lifecycle.run.finish`; a sixth of a pull's CPU here,
-    benchmarks/README.md).
+    run's to compute (`lifecycle.run.finish`: for a profiled run once the host is free; a sixth of a
+    pull's CPU here, benchmarks/README.md).
     """
 
     def __init__(self, local_dir: Path, *, label: str, max_bytes: int | None = None):

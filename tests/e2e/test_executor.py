@@ -6,6 +6,7 @@ each has its end-to-end twin over sshd and namespace hosts (test_night.py, test_
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -143,6 +144,54 @@ def test_resume_runs_what_fail_fast_skipped_and_leaves_finished_runs_alone(tmp_p
     again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
     assert [(m.run_id, m.status) for m in again.manifests] == [("first-1", "failed"), ("second-1", "ok")]
     assert [s for r, s, _ in journal(again) if r == "first-1"] == ["running", "failed"]   # not run again
+
+
+def test_fail_fast_stops_before_the_next_run_when_the_failed_one_brought_files_back(tmp_path):
+    """A run that fails with files to hash (its server.log: out of memory at start) stops the sweep
+    before the host takes the next run, and is journaled failed with its files hashed."""
+    sw = sweep(tmp_path, configs=("first", "second"))
+    sw.runs[0].config.env["HARNESS_SIM_FAULT"] = "oom_at_start"
+    outcome = Executor(sw, tmp_path / "results", jobs=1, fail_fast=True, connect=Faults().connect).run()
+    assert [(m.run_id, m.status) for m in outcome.manifests] == [("first-1", "failed"), ("second-1", "skipped")]
+    failed = outcome.manifests[0]
+    assert failed.error is not None and failed.error.kind == "oom", failed.error
+    run_dir = outcome.sweep_dir / "runs" / "first-1"
+    assert failed.collected.sha256["server.log"] == hashlib.sha256((run_dir / "server.log").read_bytes()).hexdigest()
+    assert not failed.collected.unhashed
+    assert journal(outcome) == [("first-1", "running", "a"), ("first-1", "failed", "a"), ("second-1", "skipped", None)]
+
+
+def test_a_resume_without_its_journal_hashes_a_kept_run_that_stopped_before_its_hashes(tmp_path):
+    """The orchestrator died between a run's manifest and its hashes, and the journal is gone too: the
+    resume keeps the run its manifest says finished, and hashes its files then."""
+    sw = sweep(tmp_path)
+    first = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
+    run_dir = first.sweep_dir / "runs" / "one-1"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    hashed = manifest["collected"]["sha256"]
+    assert len(hashed) == manifest["collected"]["files"] >= 3
+    manifest["collected"] |= {"sha256": {}, "unhashed": sorted(hashed)}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (first.sweep_dir / "journal.jsonl").unlink()
+    again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
+    (kept,) = again.manifests
+    assert kept.collected.sha256 == hashed and not kept.collected.unhashed
+    assert json.loads((run_dir / "manifest.json").read_text())["collected"]["sha256"] == hashed
+    assert [s for r, s, _ in journal(again) if r == "one-1"] == ["ok"]   # kept, not run again
+
+
+def test_an_unset_variable_is_recorded_apart_from_the_environment_an_older_harness_reads(tmp_path):
+    """`env: {NAME: null}` is unset in the launch script and recorded in `config.unset`: `config.env`
+    keeps strings only, which is all a manifest reader of an older harness accepts."""
+    sw = sweep(tmp_path)
+    sw.playbook.server.env["HARNESS_TEST_UNSET"] = "1"
+    sw.runs[0].config.env["HARNESS_TEST_UNSET"] = None
+    (m,) = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run().manifests
+    assert m.status == "ok" and m.config.unset == ["HARNESS_TEST_UNSET"], (m.error, m.config)
+    run_dir = tmp_path / "results" / sw.sweep_id / "runs" / "one-1"
+    recorded = json.loads((run_dir / "manifest.json").read_text())
+    assert all(isinstance(v, str) for v in recorded["config"]["env"].values()), recorded["config"]
+    assert "unset HARNESS_TEST_UNSET" in (run_dir / "launch.sh").read_text()
 
 
 def test_a_resume_without_its_journal_keeps_the_runs_their_manifests_say_finished(tmp_path):

@@ -19,8 +19,8 @@ from harness.errors import Kind, RemoteError
 from harness.slurm import Allocation, NodeConnect
 from harness.transport import HostSpec, connect
 from harness.transport.slurm import SlurmTransport
-from tests.e2e.test_slurm import HELD, four_configs, slurm_inventory
-from tests.e2e.test_sweep import manifests, sweep_dir
+from tests.e2e.test_slurm import HELD, slurm_inventory
+from tests.e2e.test_sweep import manifests, playbook, sweep_dir
 from tests.slurm import slurm_cluster
 
 pytestmark = pytest.mark.e2e
@@ -48,8 +48,9 @@ def test_a_job_cancelled_mid_sweep_fails_what_is_left_at_once_naming_the_job(tmp
     it was cancelled, and a node connected again is set aside for the sweep at once (no backoff:
     never `set aside:` for a while and tried again)."""
     results = tmp_path / "r"
-    pb = four_configs(tmp_path, benchmark={"prompt": "hello there", "max_tokens": 64, "concurrency": [1, 2],
-                                           "requests": 48, "warmup": 1, "timeout_s": 60})
+    pb = playbook(tmp_path, hosts="cluster", configs=[{"name": f"c{i}", "args": {"tp-size": 1}} for i in range(6)],
+                  benchmark={"prompt": "hello there", "max_tokens": 64, "concurrency": [1, 2], "requests": 48,
+                             "warmup": 1, "timeout_s": 60})
     sweep = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(pb), "-i",
                               str(slurm_inventory(tmp_path, remote_venv)), "-o", str(results)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -73,9 +74,9 @@ def test_a_job_cancelled_mid_sweep_fails_what_is_left_at_once_naming_the_job(tmp
     assert sweep.returncode == 1, out + err
     assert "Traceback" not in err, err
     found = manifests(results)
-    assert len(found) == 4, found.keys()
+    assert len(found) == 6, found.keys()
     ok = {r for r, m in found.items() if m["status"] == "ok"}
-    assert ok and len(ok) < 4, {r: m["status"] for r, m in found.items()}
+    assert ok and len(ok) < 6, {r: m["status"] for r, m in found.items()}
     for run_id in ok:   # what was measured before the cancel stands
         assert found[run_id]["collected"]["files"] > 0
         assert (sweep_dir(results) / "runs" / run_id / "bench.json").is_file()
@@ -85,6 +86,8 @@ def test_a_job_cancelled_mid_sweep_fails_what_is_left_at_once_naming_the_job(tmp
             assert f"Slurm job {job} was cancelled" in m["error"]["message"], (run_id, m["error"])
     for run_id in launched:   # its node is gone; its folder, on the shared workdir, is not
         assert "server.log" in found[run_id]["collected"]["sha256"], (run_id, found[run_id]["collected"])
+        assert found[run_id]["attempts"] == 1   # not tried again on a node of the ended job, which would
+        assert "health" in found[run_id]["phases"], found[run_id]["phases"]   # throw away what it brought
         assert (sweep_dir(results) / "runs" / run_id / "server.log").is_file()
     said = err.replace("\n", " ")
     # a node whose worker connects again (it has a run left to take) is set aside at once

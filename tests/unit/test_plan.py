@@ -97,6 +97,18 @@ def test_a_null_variable_is_unset_in_the_script_whatever_the_host_or_the_server_
     assert "HF_TOKEN" in on.secret_env
 
 
+def test_a_template_that_quotes_a_null_value_is_refused_naming_its_line(files, tmp_path):
+    """A template of the team's own (or an older _common.sh.j2) quoting an unset variable would write
+    `export NAME=None`; shquote refuses it, naming the template and its line, when the sweep loads."""
+    (tmp_path / "mine.sh.j2").write_text("#!/bin/bash\nexport FOO={{ env.FOO | shquote }}\nexec true\n")
+    playbook = PLAYBOOK.replace("profile: {mode: engine}", "profile: {mode: engine}\ntemplate: mine.sh.j2")
+    playbook = playbook.replace("  - {name: tp8, args: {tp-size: 8}}",
+                                "  - {name: tp8, args: {tp-size: 8}, env: {FOO: null}}")
+    with pytest.raises(InputError) as e:
+        load_sweep(*files(playbook), sweep_id="s1").validate()
+    assert "mine.sh.j2:2" in str(e.value) and "null" in str(e.value)
+
+
 def test_the_script_activates_the_venv_and_renders_template_values(files):
     sweep = load_sweep(*files(), sweep_id="s1")
     script = sweep.render(sweep.runs[0], sweep.runs[0].hosts[0]).script

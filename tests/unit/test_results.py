@@ -217,3 +217,25 @@ def test_finishing_a_run_hashes_its_files_as_they_lie_and_names_those_that_are_g
     assert not done.collected.unhashed and not unfinished(done)
     assert [w.split(":")[0] for w in done.warnings] == ["bench.json", "../outside"]
     assert "finish" in done.phases and read_model(layout.manifest, RunManifest) == done
+
+
+def test_an_analysis_that_breaks_keeps_the_hashes_and_says_so(tmp_path, monkeypatch):
+    """A bug of ours in the trace analysis (or a full disk under analysis.json): the files are hashed
+    all the same, and the analysis records its error, which `harness analyze` can take up again."""
+    import harness.analysis
+    from harness.lifecycle.run import finish
+    from harness.results import RunLayout
+
+    def broken(*args, **kwargs):
+        raise ValueError("a parser bug")
+    monkeypatch.setattr(harness.analysis, "analyze_path", broken)
+    layout = RunLayout(tmp_path / "run")
+    (layout.dir / "profile").mkdir(parents=True)
+    (layout.dir / "profile" / "0.trace.json").write_text("{}")
+    record = RunManifest.model_validate(manifest(
+        collected={"files": 1, "bytes": 2, "unhashed": ["profile/0.trace.json"]},
+        profile={"mode": "engine", "status": "ok", "files": [{"name": "0.trace.json", "bytes": 2}], "num_steps": 3}))
+    done = finish(layout, record)
+    assert list(done.collected.sha256) == ["profile/0.trace.json"] and not done.collected.unhashed
+    assert done.profile is not None and done.profile.analysis is not None
+    assert "a parser bug" in (done.profile.analysis.error or "")
