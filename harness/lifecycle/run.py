@@ -15,7 +15,7 @@ import hashlib
 import shlex
 import time
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import harness
@@ -33,7 +33,7 @@ from harness.results.models import AnalysisRef, Collected, Phase, ProfileRecord
 from harness.results.store import read_telemetry
 from harness.secrets import masked_args
 from harness.transport.base import Placed
-from harness.transport.tarpull import TooLarge
+from harness.transport.tarpull import TooLarge, outside
 
 UNREACHABLE = ("unreachable", "auth", "host_key")
 
@@ -146,7 +146,7 @@ def _hashed(layout: RunLayout, collected: Collected) -> tuple[Collected, list[st
     for name in collected.unhashed:
         path = layout.dir / name
         try:
-            if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts or path.is_symlink():
+            if outside(name) or path.is_symlink():
                 raise FileNotFoundError(name)
             with path.open("rb") as f:
                 sha256[name] = hashlib.file_digest(f, "sha256").hexdigest()

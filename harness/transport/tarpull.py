@@ -320,6 +320,12 @@ def _member_reader(tar: tarfile.TarFile, stream: _Reader, member: tarfile.TarInf
     return source.read
 
 
+def outside(name: str) -> bool:
+    """Whether a relative name of the host's leads out of the folder it is read in: absolute, or
+    climbing with `..`. What a pull refuses, and what a manifest's names are checked against."""
+    return name.startswith("/") or ".." in PurePosixPath(name).parts
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -499,7 +505,7 @@ class Staging:
             why = f"link to {_clip(member.linkname)}"
         elif not (member.isreg() or member.isdir()):
             why = "special file"
-        elif member.name.startswith("/") or ".." in PurePosixPath(member.name).parts:
+        elif outside(member.name):
             why = "outside the directory"
         if why:
             self._skip(member.name, why)
