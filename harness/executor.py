@@ -365,9 +365,11 @@ class Executor:
                 return True
         if self.fail_fast and not manifest.ok:
             self.stop.set()   # before the host takes its next run (`_finish` says why, once journaled)
+        self._tell(spec, manifest)   # its result is in (the benchmark's files): told before the next is asked
         if needs_analysis(manifest):   # the traces' analysis and the hashes of their files: once the host is free
             try:
                 self.afterwards.submit(self._complete_then_finish, spec, state, manifest)
+                self.events.host(state.host.name, "idle")   # free for its next run meanwhile
                 return False
             except RuntimeError:   # the sweep is ending (Ctrl-C): no more work for later, so now
                 pass
@@ -411,7 +413,7 @@ class Executor:
     def _complete_then_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
         manifest = self._completed(spec, manifest)
         try:
-            self._finish(spec, state, manifest)
+            self._finish(spec, state, manifest, told=True)
         except OSError as e:
             self.outcome.fatal = f"cannot write results in {self.sweep_dir}: {e}"
             self.events.log(self.outcome.fatal)
@@ -495,14 +497,24 @@ class Executor:
             except Exception as e:  # the watchdog stops it when the lease lapses
                 self.events.log(f"[{node.host.name}] could not stop {spec.run_id}: {internal_text(e)}")
 
-    def _finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
+    def _tell(self, spec: RunSpec, manifest: RunManifest) -> None:
+        """The run source (a search) learns how the run ended; not of a failure the interrupt made
+        (the run is left interrupted, for --resume)."""
+        with self.lock:
+            if self.source is None or (spec.run_id in self.torn_down and not manifest.ok):
+                return
+        self.source.ended(manifest)
+
+    def _finish(self, spec: RunSpec, state: HostState, manifest: RunManifest, *, told: bool = False) -> None:
+        """Journal the run, its every record written. `told`: the run source has its result already
+        (`_run` tells it as the host's slot ends)."""
         with self.lock:
             if spec.run_id in self.torn_down and not manifest.ok:
                 return  # torn down by the interrupt, which journaled it
         self.journal.append(spec.run_id, manifest.status, host=state.host.name,
                             error_kind=manifest.error and manifest.error.kind, attempts=manifest.attempts)
-        if self.source is not None:
-            self.source.ended(manifest)
+        if not told:
+            self._tell(spec, manifest)
         with self.lock:
             self.outcome.manifests.append(manifest)
         self.events.done(manifest)

@@ -100,7 +100,8 @@ class Display:
             self.failed += manifest.status == "failed"
             if seconds:
                 self.durations.append(seconds)
-            self.hosts[host] = ("", "idle", time.monotonic())
+            if self.hosts.get(host, ("",))[0] in ("", manifest.run_id):   # not already on its next run
+                self.hosts[host] = ("", "idle", time.monotonic())
         self.log(f"[{host}] {manifest.run_id}: {manifest.status} in {seconds:.0f} s"
                  + (f" ({manifest.error.line()})" if manifest.error else ""))
         warning = profile_warning(manifest)

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -393,3 +394,61 @@ def test_a_run_in_its_preflight_at_ctrl_c_launches_no_server_after_it(tmp_path):
         assert s.connect_ex(("127.0.0.1", sw.playbook.server.port)) != 0, "a server started after the interrupt"
     # before: ["running", "interrupted", "ok"], the whole run (its server launched) after the interrupt
     assert [s for r, s, _ in journal(outcome) if r == "one-1"] == ["running", "interrupted"]
+
+
+def test_a_profiled_run_is_told_and_its_host_shown_free_once_the_host_is_free(tmp_path, monkeypatch):
+    """A profiled run's traces are analysed after its host is free, while the host runs the next run.
+    The run's result (read from its benchmark, which is in) is told to the source that decides the
+    runs (a search) before the source is asked for the next one, and the live display, told the run is
+    done once its analysis is, keeps showing the host on the run it is on now."""
+    import harness.executor
+    from harness.report.live import Display
+
+    sw = sweep(tmp_path, flavor="sglang", profile={"mode": "engine", "num_steps": 2}, configs=("one", "two"))
+    later = sw.runs.pop()
+    second_started = threading.Event()
+    real_finish = harness.executor.finish
+
+    def finish(layout, manifest):   # the analysis waits until the host is on its next run
+        assert second_started.wait(120), "the next run never started"
+        return real_finish(layout, manifest)
+    monkeypatch.setattr(harness.executor, "finish", finish)
+
+    class Source:
+        total = 2
+
+        def __init__(self):
+            self.told: list[str] = []
+            self.asked_with: list[list[str]] = []
+            self.given = [later]
+
+        def next(self):
+            self.asked_with.append(list(self.told))
+            return self.given.pop() if self.given else None
+
+        def ended(self, manifest):
+            self.told.append(manifest.run_id)
+
+        def close(self, *, interrupted):
+            pass
+
+    class Watched(Display):
+        shown_at_done: list[tuple[str, str]] = []
+
+        def phase(self, host, run_id, phase):
+            super().phase(host, run_id, phase)
+            if run_id == later.run_id:
+                second_started.set()
+
+        def done(self, manifest):
+            super().done(manifest)
+            self.shown_at_done.append((manifest.run_id, self.hosts["a"][0]))
+
+    source, display = Source(), Watched(None)
+    outcome = Executor(sw, tmp_path / "results", jobs=1, events=display, source=source,
+                       connect=Faults().connect).run()
+    assert [(m.run_id, m.status) for m in outcome.manifests] == [("one-1", "ok"), ("two-1", "ok")]
+    assert all(m.profile is not None and m.profile.analysis is not None for m in outcome.manifests)
+    assert source.asked_with[0] == ["one-1"]     # told before the next was asked
+    assert source.told == ["one-1", "two-1"]     # each once
+    assert display.shown_at_done == [("one-1", "two-1"), ("two-1", "")]
