@@ -409,9 +409,20 @@ class SlurmTransport(ProcessTransport):
 
     def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
              max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:
-        if self.watch.ended:   # the node is gone; its folder may be on a filesystem the login host shares
-            return self._pull_from_login(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes,
-                                         exclude=exclude)
+        if self.watch.ended is None:
+            try:
+                return self._pull_from_node(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes,
+                                            exclude=exclude)
+            except UnreachableError:   # JobEnded among them: the job may have ended during the pull
+                if self.watch.ended is None:
+                    raise
+        # the node is gone; its folder may be on a filesystem the login host shares
+        return self._pull_from_login(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
+
+    def _pull_from_node(self, remote_dir: str, local_dir: Path, *, timeout: float, max_bytes: int | None,
+                        exclude: tuple[str, ...]) -> Pulled:
+        """The pull as a step on the node, its failures told apart as `run`'s are (a pull cut short
+        leaves nothing at `local_dir`)."""
         try:
             return super().pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
         except CommandFailed as e:

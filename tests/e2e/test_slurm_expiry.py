@@ -139,3 +139,39 @@ def test_a_job_past_its_time_limit_fails_its_steps_saying_so_and_its_nodes_at_on
     finally:
         allocation.release()
     assert not cluster.jobs(HELD), cluster.jobs()
+
+
+def test_a_job_that_ends_during_a_pull_brings_the_folder_back_through_the_login_host(tmp_path, cluster,
+                                                                                    monkeypatch):
+    """The job is cancelled while a node's pull is under way (the pull's own step cancels it before
+    tar starts): the pull falls back to the login host, which shares the run's folder, and brings it
+    back whole. Before, the pull failed as the node gone, and the run lost its server.log."""
+    from harness.transport import tarpull
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    tar_command = tarpull.tar_command
+
+    def cancelled_first(*args, **kwargs):   # on the node only: the login host's own pull runs as it is
+        return ('if [ -n "$SLURM_STEP_ID" ]; then scancel "$SLURM_JOB_ID"; sleep 120; fi; '
+                + tar_command(*args, **kwargs))
+    allocation = Allocation("cluster", SlurmSettings(nodes=1, partition="test", time="5:00", wait_s=30), 1,
+                            login=LOCAL, name="harness-pull-expiry-test", connect=connect, log=lambda line: None)
+    allocation.request()
+    assert allocation.job_id is not None
+    job, (node,) = allocation.job_id, allocation.nodes
+    try:
+        link = NodeConnect({node: allocation}, connect, {node: sys.executable})(HostSpec(name=node))
+        assert isinstance(link, SlurmTransport)
+        shared = tmp_path / "shared-run"
+        (shared / "profile").mkdir(parents=True)
+        (shared / "server.log").write_text("the server's last words\n")
+        (shared / "profile" / "rank0.trace.json.gz").write_bytes(os.urandom(1 << 20))
+        monkeypatch.setattr(tarpull, "tar_command", cancelled_first)
+        pulled = link.pull(str(shared), tmp_path / "back", timeout=100)
+        assert pulled.sizes == {"server.log": 24, "profile/rank0.trace.json.gz": 1 << 20}
+        assert (tmp_path / "back" / "server.log").read_text() == "the server's last words\n"
+        assert link.gone is not None and f"Slurm job {job}" in link.gone and "cancel" in link.gone.lower(), link.gone
+        link.close()
+    finally:
+        allocation.release()
+    assert not cluster.jobs(HELD), cluster.jobs()
