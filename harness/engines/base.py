@@ -87,17 +87,21 @@ class Metric:
     ...), `kind` says how a level reads it (a gauge: its mean and maximum over the level; a counter:
     its increase), `across` how the samples of several label sets combine (engines of a data-parallel
     server, ranks: "sum" or "mean"), and a label named in `breakdown` with a non-empty value marks a
-    sample that splits a total already counted (SGLang's per-priority queue counts), left out."""
+    sample that splits a total already counted (SGLang's per-priority queue counts), left out. `only`
+    names labels whose samples count only at the values listed: where several ranks each write a copy
+    of one figure, the rank that stands for the others (`Engine.metrics_for`)."""
 
     key: str
     family: str
     kind: str = "gauge"                 # gauge | counter
     across: str = "sum"                 # sum | mean
     breakdown: tuple[str, ...] = ()
+    only: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
+        only = {"only": {label: list(values) for label, values in self.only}} if self.only else {}
         return {"key": self.key, "family": self.family, "kind": self.kind, "across": self.across,
-                "breakdown": list(self.breakdown)}
+                "breakdown": list(self.breakdown), **only}
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,11 @@ class Engine:
     def nodes(self, args: Mapping[str, Any]) -> int:
         """How many hosts the engine's own flags say one server spans (`--nnodes`): 1 unless they say."""
         return 1
+
+    def metrics_for(self, args: Mapping[str, Any]) -> tuple[Metric, ...]:
+        """The /metrics families telemetry keeps for a configuration with these args: `metrics`,
+        unless the args make several ranks write copies of one figure."""
+        return self.metrics
 
     def node_args(self, node: NodeInfo) -> dict[str, Any]:
         """The flags that make one node of a multi-node server (rank, count, node 0's address), merged

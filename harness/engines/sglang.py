@@ -24,7 +24,8 @@ Facts, each with the release it was read from:
   last batches, both 0 without speculative decoding (`scheduler_components/metrics_reporter.py`);
   with priority scheduling the queue gauges add per-`priority` samples beside the total. Scheduler
   gauges are labelled `model_name`, `engine_type`, `tp_rank`, `pp_rank`, `moe_ep_rank` (`dp_rank`
-  with DP) and written by the first attention-TP rank of every DP group and pipeline stage; each
+  with DP) and written by the first attention-TP rank of every DP group and pipeline stage (by every
+  rank under --enable-metrics-for-all-schedulers: `metrics_for` keeps those first ranks' copies); each
   stage holds the same waiting queue (`scheduler_components/request_receiver.py` relays every
   request), so the report reads `num_queue_reqs` at `pp_rank` 0 (harness/report/telemetry_view.py).
 - Several hosts (0.5.23 `arg_groups/fields/parallel.py`, `entrypoints/engine.py`): `--nnodes N`,
@@ -39,7 +40,7 @@ Facts, each with the release it was read from:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, register
@@ -63,6 +64,9 @@ METRICS = (
     Metric("spec_accept_length", "sglang:spec_accept_length", across="mean"),
     Metric("generation_tokens", "sglang:generation_tokens", "counter"),
 )
+SCHEDULER_GAUGES = frozenset({"running", "waiting", "kv_cache_usage", "spec_accept_rate", "spec_accept_length"})
+"""The keys of the families the schedulers write (SchedulerMetricsCollector); the token counters are
+the tokenizer manager's, one process whatever the ranks."""
 HINTS = {
     "500": "SGLang answers a bare 500 when a profile is already in progress (an earlier num_steps "
            "session that never saw traffic) or after it stopped by itself; restart the server or wait "
@@ -82,6 +86,19 @@ class SGLang(Engine):
 
     def nodes(self, args: Mapping[str, Any]) -> int:
         return arg(args, "nnodes")
+
+    def metrics_for(self, args: Mapping[str, Any]) -> tuple[Metric, ...]:
+        """With --enable-metrics-for-all-schedulers every rank writes the scheduler gauges, each rank of
+        an attention group a copy of its group's: they are read at the ranks that write them without
+        the flag, the first of each attention-DP group (tp_rank a multiple of tp / attention DP)."""
+        if not args.get("enable-metrics-for-all-schedulers"):
+            return self.metrics
+        tp = arg(args, "tp-size", "tensor-parallel-size", "tp")
+        attn_dp = arg(args, "attn-dp-size", "attention-data-parallel-size", default=0) or (
+            arg(args, "dp-size", "data-parallel-size") if args.get("enable-dp-attention") else 1)
+        stride = max(1, tp // max(1, attn_dp))
+        first = (("tp_rank", tuple(str(r) for r in range(0, tp, stride))),)
+        return tuple(replace(m, only=first) if m.key in SCHEDULER_GAUGES else m for m in self.metrics)
 
     def node_args(self, node: NodeInfo) -> dict[str, Any]:
         if node.count == 1:

@@ -105,10 +105,11 @@ def telemetry_shell(ctx: RunContext, budget: float) -> tuple[str, str]:
     if not t.enabled:
         return "", ""
     engine, out = ctx.sweep.engine, shlex.quote(ctx.paths.telemetry)
-    spec = json.dumps([m.as_dict() for m in engine.metrics], separators=(",", ":"))
+    metrics = engine.metrics_for(ctx.rendered.args)
+    spec = json.dumps([m.as_dict() for m in metrics], separators=(",", ":"))
     sampler = tool_command(ctx.python, ctx.tools_dir, "telemetry", "--url", ctx.base_url + engine.metrics_path,
                            "--out", ctx.paths.telemetry, "--interval", t.interval_s, "--duration", round(budget + 120),
-                           "--metrics", spec, *([] if engine.metrics else ["--no-metrics"]), *key_words(ctx))
+                           "--metrics", spec, *([] if metrics else ["--no-metrics"]), *key_words(ctx))
     start = (f"rm -f {out}; ( {with_key(ctx, 'exec ' + sampler)} ) >/dev/null 2>&1 </dev/null & tpid=$!; i=0; "
              f"while [ ! -s {out} ] && [ $i -lt {TELEMETRY_FIRST_S * 10} ] && [ -e /proc/$tpid ] "
              "&& ! grep -q ') Z' /proc/$tpid/stat 2>/dev/null; do sleep 0.1; i=$((i+1)); done; ")

@@ -80,7 +80,8 @@ ran last, a different one, so their sum stands."""
 
 def value_of(values: dict[str, Any], metric: TelemetryMetric) -> float | None:
     """A family's samples in one scrape combined as the metric says (sum or mean over label sets), the
-    breakdowns of a total and the copies (COPIES) left out; None when the scrape has none (or only NaN)."""
+    breakdowns of a total and the copies (COPIES, `metric.only`) left out; None when the scrape has none
+    (or only NaN)."""
     names = {metric.family, f"{metric.family}_total"} if metric.kind == "counter" else {metric.family}
     copy = COPIES.get(metric.key)
     found = []
@@ -88,7 +89,7 @@ def value_of(values: dict[str, Any], metric: TelemetryMetric) -> float | None:
         name, _, rest = key.partition("{")
         if name not in names or not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
             continue
-        if (metric.breakdown or copy) and rest:
+        if (metric.breakdown or copy or metric.only) and rest:
             try:
                 labels = parse_labels("{" + rest)
             except ValueError:
@@ -97,6 +98,8 @@ def value_of(values: dict[str, Any], metric: TelemetryMetric) -> float | None:
                 continue
             if copy and labels.get(copy[0], copy[1]) != copy[1]:
                 continue
+            if any(label in labels and labels[label] not in kept for label, kept in metric.only.items()):
+                continue   # a rank's copy of a figure another rank stands for
         found.append(float(v))
     if not found:
         return None

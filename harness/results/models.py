@@ -561,6 +561,7 @@ class TelemetryMetric(Record):
     kind: str = "gauge"
     across: str = "sum"
     breakdown: list[str] = Field(default_factory=list)
+    only: dict[str, list[str]] = Field(default_factory=dict)   # label -> the values whose samples count
 
 
 class TelemetryFile(Versioned):

@@ -205,6 +205,64 @@ def test_sglangs_waiting_queue_is_counted_once_over_its_pipeline_stages():
     assert s is not None and s["waiting_max"] == 5.0 and s["running_max"] == 8.0
 
 
+def sglang_all_schedulers(running: list[float], waiting: list[float]) -> str:
+    """A /metrics answer of SGLang 0.5.23 under --enable-metrics-for-all-schedulers: every rank writes the
+    scheduler gauges with its own tp_rank (metrics_collector.py SchedulerMetricsCollector.init_new; the
+    scheduler's `metrics_enabled`), the values of rank r those of its attention group, given by rank."""
+    lines = ["# TYPE sglang:num_running_reqs gauge", "# TYPE sglang:num_queue_reqs gauge",
+             "# TYPE sglang:token_usage gauge"]
+    for rank, (run, wait) in enumerate(zip(running, waiting, strict=True)):
+        labels = f'engine_type="unified",model_name="m",moe_ep_rank="{rank}",pp_rank="0",tp_rank="{rank}"'
+        lines += [f"sglang:num_running_reqs{{{labels}}} {run}", f"sglang:num_queue_reqs{{{labels}}} {wait}",
+                  f"sglang:token_usage{{{labels}}} 0.25"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("args", "kept", "running", "waiting"), [
+    # TP 4: one attention group, every rank a copy of rank 0's
+    ({"tp-size": 4}, ["0"], [6, 6, 6, 6], [2, 2, 2, 2]),
+    # attention DP 2 inside TP 4 (the deprecated spelling too): ranks 0 and 2 lead a group each
+    ({"tp-size": 4, "attn-dp-size": 2}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
+    ({"tp-size": 4, "dp-size": 2, "enable-dp-attention": True}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
+])
+def test_sglang_with_metrics_for_all_schedulers_counts_each_attention_group_once(tmp_path, serve, args, kept,
+                                                                                running, waiting):
+    """Without the flag only the first rank of each attention group writes the scheduler gauges, and
+    the sum over label sets is the server's; with it every rank writes its group's copy, and the sum
+    counted each request once a rank (TP 4: four times). The sampler is started as a run starts it
+    (measure.telemetry_shell), the kept ranks in its file, and the level reads one copy a group."""
+    engine = get_engine("sglang")
+    plain = {m.key: m for m in engine.metrics_for(args)}
+    assert all(not m.only for m in plain.values())
+    flagged = {m.key: m for m in engine.metrics_for(args | {"enable-metrics-for-all-schedulers": True})}
+    for key in ("running", "waiting", "kv_cache_usage", "spec_accept_rate", "spec_accept_length"):
+        assert flagged[key].only == (("tp_rank", tuple(kept)),), key
+    for key in ("prefix_cache_queries", "prefix_cache_hits", "generation_tokens"):   # the tokenizer's: one process
+        assert not flagged[key].only, key
+
+    server = serve([sglang_all_schedulers(running, waiting)])
+    (tmp_path / "harness.pyz").write_bytes(zipapp())
+    ctx = SimpleNamespace(
+        sweep=SimpleNamespace(playbook=SimpleNamespace(telemetry=SimpleNamespace(enabled=True, interval_s=0.05)),
+                              engine=engine),
+        paths=SimpleNamespace(telemetry=str(tmp_path / "telemetry.jsonl"), secrets_file=str(tmp_path / "none")),
+        rendered=SimpleNamespace(args=args | {"enable-metrics-for-all-schedulers": True}, secret_env={}),
+        python=sys.executable, tools_dir=str(tmp_path), base_url=server.base)
+    start, stop = telemetry_shell(ctx, 60)   # type: ignore[arg-type]
+    done = subprocess.run(["bash", "-c", f"{start}sleep 0.3; {stop}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    t = read_telemetry(tmp_path / "telemetry.jsonl")
+    assert t is not None and t.notes(errors_only=True) == []
+    assert {m.key: m.only for m in t.metrics}["running"] == {"tp_rank": kept}
+    scrapes = t.samples("metrics")
+    assert len(scrapes) >= 2
+    s = level_summary(t, scrapes[0].t_ns, scrapes[-1].t_end_ns or scrapes[-1].t_ns)
+    assert s is not None
+    assert s["running_max"] == sum(running[int(r)] for r in kept)    # 6 for TP 4, 9 for two groups: not 24 or 18
+    assert s["waiting_max"] == sum(waiting[int(r)] for r in kept)
+    assert s["kv_cache_usage_max"] == 0.25
+
+
 # ---- a /metrics behind the server's API key ----------------------------------------------------------
 
 def test_a_guarded_metrics_is_a_clear_note_in_the_file_and_in_the_report(tmp_path, serve):
