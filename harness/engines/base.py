@@ -221,6 +221,12 @@ def arg(args: Mapping[str, Any], *names: str, default: int = 1) -> int:
     return default
 
 
+def flag(args: Mapping[str, Any], *names: str) -> bool:
+    """Whether a flag is given, under any of its names and spellings, with a value other than false."""
+    return any(args.get(key) not in (None, False) for name in names
+               for key in (name.lstrip("-"), "-" + name.lstrip("-"), "--" + name.lstrip("-")))
+
+
 Entry = Engine | Callable[[str | None], Engine]
 _REGISTRY: dict[str, Entry] = {}
 

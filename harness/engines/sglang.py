@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, register
+from harness.engines.base import CaptureSettings, Engine, Metric, NodeInfo, StepSpans, TraceNaming, arg, flag, register
 
 NAMING = TraceNaming(glob="*.trace.json.gz", rank=r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?",
                      not_ranks=r"^merged-", prefer=r"-DECODE\.")
@@ -81,7 +81,8 @@ class SGLang(Engine):
     def ranks(self, args: Mapping[str, Any]) -> int:
         tp = arg(args, "tp-size", "tensor-parallel-size", "tp")
         pp = arg(args, "pp-size", "pipeline-parallel-size")
-        dp = 1 if args.get("enable-dp-attention") or args.get("attn-dp-size") else arg(args, "dp-size")
+        attn_dp = flag(args, "enable-dp-attention", "attn-dp-size", "attention-data-parallel-size")
+        dp = 1 if attn_dp else arg(args, "dp-size", "data-parallel-size")
         return tp * pp * dp
 
     def nodes(self, args: Mapping[str, Any]) -> int:
@@ -91,11 +92,11 @@ class SGLang(Engine):
         """With --enable-metrics-for-all-schedulers every rank writes the scheduler gauges, each rank of
         an attention group a copy of its group's: they are read at the ranks that write them without
         the flag, the first of each attention-DP group (tp_rank a multiple of tp / attention DP)."""
-        if not args.get("enable-metrics-for-all-schedulers"):
+        if not flag(args, "enable-metrics-for-all-schedulers"):
             return self.metrics
         tp = arg(args, "tp-size", "tensor-parallel-size", "tp")
         attn_dp = arg(args, "attn-dp-size", "attention-data-parallel-size", default=0) or (
-            arg(args, "dp-size", "data-parallel-size") if args.get("enable-dp-attention") else 1)
+            arg(args, "dp-size", "data-parallel-size") if flag(args, "enable-dp-attention") else 1)
         stride = max(1, tp // max(1, attn_dp))
         first = (("tp_rank", tuple(str(r) for r in range(0, tp, stride))),)
         return tuple(replace(m, only=first) if m.key in SCHEDULER_GAUGES else m for m in self.metrics)

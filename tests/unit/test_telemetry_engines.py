@@ -223,7 +223,7 @@ def sglang_all_schedulers(running: list[float], waiting: list[float]) -> str:
     ({"tp-size": 4}, ["0"], [6, 6, 6, 6], [2, 2, 2, 2]),
     # attention DP 2 inside TP 4 (the deprecated spelling too): ranks 0 and 2 lead a group each
     ({"tp-size": 4, "attn-dp-size": 2}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
-    ({"tp-size": 4, "dp-size": 2, "enable-dp-attention": True}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
+    ({"tp-size": 4, "dp-size": 2, "--enable-dp-attention": True}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
 ])
 def test_sglang_with_metrics_for_all_schedulers_counts_each_attention_group_once(tmp_path, serve, args, kept,
                                                                                 running, waiting):
@@ -234,7 +234,7 @@ def test_sglang_with_metrics_for_all_schedulers_counts_each_attention_group_once
     engine = get_engine("sglang")
     plain = {m.key: m for m in engine.metrics_for(args)}
     assert all(not m.only for m in plain.values())
-    flagged = {m.key: m for m in engine.metrics_for(args | {"enable-metrics-for-all-schedulers": True})}
+    flagged = {m.key: m for m in engine.metrics_for(args | {"--enable-metrics-for-all-schedulers": True})}
     for key in ("running", "waiting", "kv_cache_usage", "spec_accept_rate", "spec_accept_length"):
         assert flagged[key].only == (("tp_rank", tuple(kept)),), key
     for key in ("prefix_cache_queries", "prefix_cache_hits", "generation_tokens"):   # the tokenizer's: one process
