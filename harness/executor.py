@@ -153,7 +153,8 @@ class Executor:
         self.held = 0                                   # runs a worker took and has not released
         self.busy: set[str] = set()                     # hosts running a run (as node 0 or another node)
         self.peers: dict[str, list[HostState]] = {}     # run id -> the other nodes of a run on several hosts
-        self.torn_down: set[str] = set()                # runs the interrupt stopped and journaled
+        self.torn_down: set[str] = set()                # runs the interrupt stops (and journals)
+        self.told: set[str] = set()                     # runs the source (a search) has been told of
         # what is left of a run once its host is free (its files' hashes, its traces' analysis): CPU work
         # here, one run at a time, while the host runs its next run
         self.afterwards = ThreadPoolExecutor(max_workers=1, thread_name_prefix="afterwards")
@@ -365,8 +366,9 @@ class Executor:
                 return True
         if self.fail_fast and not manifest.ok:
             self.stop.set()   # before the host takes its next run (`_finish` says why, once journaled)
-        self._tell(spec, manifest)   # its result is in (the benchmark's files): told before the next is asked
         if needs_analysis(manifest):   # the traces' analysis and the hashes of their files: once the host is free
+            if manifest.ok:   # its result is in (the benchmark's files): told before the next run is asked
+                self._tell(spec, manifest)
             try:
                 self.afterwards.submit(self._complete_then_finish, spec, state, manifest)
                 self.events.host(state.host.name, "idle")   # free for its next run meanwhile
@@ -413,7 +415,7 @@ class Executor:
     def _complete_then_finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
         manifest = self._completed(spec, manifest)
         try:
-            self._finish(spec, state, manifest, told=True)
+            self._finish(spec, state, manifest)
         except OSError as e:
             self.outcome.fatal = f"cannot write results in {self.sweep_dir}: {e}"
             self.events.log(self.outcome.fatal)
@@ -498,23 +500,25 @@ class Executor:
                 self.events.log(f"[{node.host.name}] could not stop {spec.run_id}: {internal_text(e)}")
 
     def _tell(self, spec: RunSpec, manifest: RunManifest) -> None:
-        """The run source (a search) learns how the run ended; not of a failure the interrupt made
-        (the run is left interrupted, for --resume)."""
+        """The run source (a search) learns how the run ended, once: an ok run with traces as its host's
+        slot ends (`_run`), any other when it is journaled. Not a failure the interrupt made (the run is
+        left interrupted, for --resume), nor a failed run before its journal (a resume runs that
+        again, and a trial told twice would count twice)."""
         with self.lock:
-            if self.source is None or (spec.run_id in self.torn_down and not manifest.ok):
+            if (self.source is None or spec.run_id in self.told
+                    or (spec.run_id in self.torn_down and not manifest.ok)):
                 return
+            self.told.add(spec.run_id)
         self.source.ended(manifest)
 
-    def _finish(self, spec: RunSpec, state: HostState, manifest: RunManifest, *, told: bool = False) -> None:
-        """Journal the run, its every record written. `told`: the run source has its result already
-        (`_run` tells it as the host's slot ends)."""
+    def _finish(self, spec: RunSpec, state: HostState, manifest: RunManifest) -> None:
+        """Journal the run, every record of it written, and tell whoever waits on it."""
         with self.lock:
             if spec.run_id in self.torn_down and not manifest.ok:
                 return  # torn down by the interrupt, which journaled it
         self.journal.append(spec.run_id, manifest.status, host=state.host.name,
                             error_kind=manifest.error and manifest.error.kind, attempts=manifest.attempts)
-        if not told:
-            self._tell(spec, manifest)
+        self._tell(spec, manifest)
         with self.lock:
             self.outcome.manifests.append(manifest)
         self.events.done(manifest)
@@ -641,16 +645,15 @@ class Executor:
         self.stop.set()
         self.outcome.interrupted = True
         self.events.log("interrupted: stopping the servers of the runs in flight")
-        with self.lock:
+        with self.lock:   # torn down from now on: a run that fails as its server stops is no failure to tell
             in_flight = list(self.in_flight.values())
+            self.torn_down.update(ctx.run.run_id for ctx in in_flight)
         for ctx in in_flight:
             for node in ctx.nodes:
                 try:
                     self.pool.run_once(node.host, stop_command(node), timeout=60)
                 except HarnessError as e:
                     self.events.log(f"[{node.host.name}] could not stop {ctx.run.run_id}: {e}")
-            with self.lock:
-                self.torn_down.add(ctx.run.run_id)
             self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name,
                                 nodes=[n.host.name for n in ctx.nodes] if ctx.peers else None)
 

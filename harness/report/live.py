@@ -100,7 +100,7 @@ class Display:
             self.failed += manifest.status == "failed"
             if seconds:
                 self.durations.append(seconds)
-            if self.hosts.get(host, ("",))[0] in ("", manifest.run_id):   # not already on its next run
+            if self.hosts.get(host, ("",))[0] == manifest.run_id:   # not on its next run, set aside...
                 self.hosts[host] = ("", "idle", time.monotonic())
         self.log(f"[{host}] {manifest.run_id}: {manifest.status} in {seconds:.0f} s"
                  + (f" ({manifest.error.line()})" if manifest.error else ""))

@@ -409,6 +409,7 @@ class SlurmTransport(ProcessTransport):
 
     def pull(self, remote_dir: str, local_dir: Path, *, timeout: float,
              max_bytes: int | None = None, exclude: tuple[str, ...] = ()) -> Pulled:
+        deadline = time.monotonic() + timeout
         if self.watch.ended is None:
             try:
                 return self._pull_from_node(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes,
@@ -416,8 +417,9 @@ class SlurmTransport(ProcessTransport):
             except UnreachableError:   # JobEnded among them: the job may have ended during the pull
                 if self.watch.ended is None:
                     raise
-        # the node is gone; its folder may be on a filesystem the login host shares
-        return self._pull_from_login(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
+        # the node is gone; its folder may be on a filesystem the login host shares (in the time left)
+        return self._pull_from_login(remote_dir, local_dir, timeout=max(1.0, deadline - time.monotonic()),
+                                     max_bytes=max_bytes, exclude=exclude)
 
     def _pull_from_node(self, remote_dir: str, local_dir: Path, *, timeout: float, max_bytes: int | None,
                         exclude: tuple[str, ...]) -> Pulled:

@@ -400,7 +400,8 @@ def test_a_profiled_run_is_told_and_its_host_shown_free_once_the_host_is_free(tm
     """A profiled run's traces are analysed after its host is free, while the host runs the next run.
     The run's result (read from its benchmark, which is in) is told to the source that decides the
     runs (a search) before the source is asked for the next one, and the live display, told the run is
-    done once its analysis is, keeps showing the host on the run it is on now."""
+    done once its analysis is, keeps showing the host on the run it is on now. (The first run's
+    analysis waits for the next run's first phase, which waits for the first run to be done.)"""
     import harness.executor
     from harness.report.live import Display
 
@@ -432,17 +433,21 @@ def test_a_profiled_run_is_told_and_its_host_shown_free_once_the_host_is_free(tm
         def close(self, *, interrupted):
             pass
 
+    first_done = threading.Event()
+
     class Watched(Display):
         shown_at_done: list[tuple[str, str]] = []
 
         def phase(self, host, run_id, phase):
             super().phase(host, run_id, phase)
-            if run_id == later.run_id:
+            if run_id == later.run_id and not second_started.is_set():
                 second_started.set()
+                assert first_done.wait(120), "the first run was never done"   # the next run waits in its phase
 
         def done(self, manifest):
             super().done(manifest)
             self.shown_at_done.append((manifest.run_id, self.hosts["a"][0]))
+            first_done.set()
 
     source, display = Source(), Watched(None)
     outcome = Executor(sw, tmp_path / "results", jobs=1, events=display, source=source,
