@@ -76,14 +76,23 @@ HINTS = {
 }
 
 
+def data_parallel(args: Mapping[str, Any]) -> tuple[int, int]:
+    """(replicas, attention-DP groups inside each TP group): `--dp-size` and `--attn-dp-size`, or, in the
+    older spelling `--dp-size N --enable-dp-attention` (no --attn-dp-size), N groups in one replica
+    (0.5.23 `arg_groups/parallel_hook.py` _handle_deprecated_dp_attention)."""
+    dp = arg(args, "dp-size", "data-parallel-size")
+    attn_dp = arg(args, "attn-dp-size", "attention-data-parallel-size")
+    if attn_dp == 1 and flag(args, "enable-dp-attention"):
+        return 1, dp
+    return dp, attn_dp
+
+
 @dataclass(frozen=True)
 class SGLang(Engine):
     def ranks(self, args: Mapping[str, Any]) -> int:
         tp = arg(args, "tp-size", "tensor-parallel-size", "tp")
         pp = arg(args, "pp-size", "pipeline-parallel-size")
-        attn_dp = flag(args, "enable-dp-attention", "attn-dp-size", "attention-data-parallel-size")
-        dp = 1 if attn_dp else arg(args, "dp-size", "data-parallel-size")
-        return tp * pp * dp
+        return tp * pp * data_parallel(args)[0]   # attention DP lives inside the TP group
 
     def nodes(self, args: Mapping[str, Any]) -> int:
         return arg(args, "nnodes")
@@ -95,9 +104,7 @@ class SGLang(Engine):
         if not flag(args, "enable-metrics-for-all-schedulers"):
             return self.metrics
         tp = arg(args, "tp-size", "tensor-parallel-size", "tp")
-        attn_dp = arg(args, "attn-dp-size", "attention-data-parallel-size", default=0) or (
-            arg(args, "dp-size", "data-parallel-size") if flag(args, "enable-dp-attention") else 1)
-        stride = max(1, tp // max(1, attn_dp))
+        stride = max(1, tp // max(1, data_parallel(args)[1]))
         first = (("tp_rank", tuple(str(r) for r in range(0, tp, stride))),)
         return tuple(replace(m, only=first) if m.key in SCHEDULER_GAUGES else m for m in self.metrics)
 
