@@ -23,6 +23,7 @@ import shlex
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,9 @@ TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.j2$")
 WORKSPACE = ".reproduce"
 """Beside the results: each reproduction's copy of the recorded playbook and templates, in a folder
 of its own (`<run_id>-<time>`), which the reproduction's sweep.json names as its playbook."""
+PARTIAL_STALE_S = 600
+"""A folder still being written (`.<run_id>-*.partial`) lives for the milliseconds its few files
+take; one this old was left by a reproduction killed outright (kill -9), and the next one removes it."""
 
 
 @contextlib.contextmanager
@@ -139,6 +143,7 @@ def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path,
     where: Path | None = None
     try:
         workspace.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(workspace)
         partial = Path(tempfile.mkdtemp(prefix=f".{manifest.run_id}-", suffix=".partial", dir=workspace))
         where = partial
         template = manifest.template or {}
@@ -164,6 +169,15 @@ def prepare(run_dir: Path, inventory: Path, *, host: str | None, results: Path,
     except BaseException:
         _undo(where, made)
         raise
+
+
+def _remove_stale_partials(workspace: Path) -> None:
+    """The half-written folders that reproductions killed outright left (never one still being written)."""
+    stale = time.time() - PARTIAL_STALE_S
+    for folder in workspace.glob(".*.partial"):
+        with contextlib.suppress(OSError):
+            if folder.is_dir() and not folder.is_symlink() and folder.stat().st_mtime < stale:
+                shutil.rmtree(folder)
 
 
 def _moved_model(model: dict, path: str) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -323,3 +325,19 @@ def test_a_run_that_never_started_is_refused_for_what_it_is_not_as_an_older_harn
     said = str(refused.value)
     assert "never started (skipped: the deadline passed)" in said and "older harness" not in said, said
     assert not (tmp_path / "r").exists()
+
+
+def test_a_folder_left_half_written_by_a_killed_reproduction_goes_with_the_next_one(tmp_path):
+    """kill -9 between the working folder's first file and its rename leaves `.<run>-*.partial`: the
+    next reproduction removes it; a folder that another reproduction is writing right now stays."""
+    run, inventory = recorded_run(tmp_path)
+    workspace = tmp_path / "r" / ".reproduce"
+    left = workspace / f".{run.name}-k9x2.partial"
+    left.mkdir(parents=True)
+    (left / "sglang.sh.j2").write_text("half")
+    old = time.time() - reproduce.PARTIAL_STALE_S - 60
+    os.utime(left, (old, old))
+    writing = workspace / f".{run.name}-now1.partial"
+    writing.mkdir()
+    prepare(run, inventory, host=None, results=tmp_path / "r")
+    assert not left.exists() and writing.is_dir()
