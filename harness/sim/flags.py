@@ -285,7 +285,12 @@ def _vllm_argv(argv: Sequence[str]) -> list[str]:
 def parse(engine: str, argv: Sequence[str]) -> argparse.Namespace:
     """Parse a launcher command line; argparse exits 2 with the real message on a bad flag."""
     if engine == "sglang":
-        return sglang_parser().parse_args(list(argv))
+        parser = sglang_parser()
+        ns = parser.parse_args(list(argv))
+        if ns.attn_dp_size > 1 and ns.dp_size > 1:   # 0.5.23 arg_groups/parallel_hook.py handle_data_parallelism
+            parser.error("--dp-size %d with --attn-dp-size %d: data-parallel replicas combined with attention "
+                         "data parallelism are not supported." % (ns.dp_size, ns.attn_dp_size))
+        return ns
     argv = list(argv)
     if argv[:1] == ["serve"]:
         argv = argv[1:]

@@ -77,8 +77,8 @@ def test_step_span_names_give_their_stage(engine, span, stage, seen_in):
     ("sglang", {"tp-size": 8, "dp-size": 8, "--enable-dp-attention": True}, 8),   # spelled as on the command line
     ("sglang", {"tp-size": 8, "dp-size": 2, "enable-dp-attention": False}, 16),
     ("sglang", {"tp-size": 8, "attention-data-parallel-size": 4}, 8),
-    ("sglang", {"tp-size": 8, "dp-size": 2, "attn-dp-size": 4}, 16),   # two replicas, each 4 groups in TP 8
-    ("sglang", {"tp-size": 8, "dp-size": 2, "attn-dp-size": 4, "enable-dp-attention": True}, 16),
+    ("sglang", {"tp-size": 8, "dp-size": 1, "attn-dp-size": 4, "enable-dp-attention": True}, 8),
+    ("sglang", {"tp-size": 8, "dp-size": 4, "attn-dp-size": 1, "enable-dp-attention": True}, 8),
 ])
 def test_ranks_follow_the_parallelism_flags(engine, args, ranks):
     assert get_engine(engine).ranks(args) == ranks

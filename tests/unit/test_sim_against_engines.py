@@ -63,6 +63,8 @@ def test_the_sim_takes_every_choice_vllm_0_32_0_lists(flag, value):
     (["--kv-cache-dtype", "fp4_e2m1"], "not among 0.5.23's --kv-cache-dtype choices"),
     (["--quantization", "qoq"], "not among 0.5.23's --quantization choices"),
     (["--attention-backend", "dual_chunk_flash_attn"], "not among 0.5.23's backends"),
+    (["--tp-size", "8", "--dp-size", "2", "--attn-dp-size", "4"],
+     "0.5.23 parallel_hook.py: replicas combined with attention DP are not supported"),
 ])
 def test_the_sim_refuses_what_sglang_0_5_23_refuses(argv, why):
     assert refused("sglang", *argv), why

@@ -224,8 +224,6 @@ def sglang_all_schedulers(running: list[float], waiting: list[float]) -> str:
     # attention DP 2 inside TP 4 (the deprecated spelling too): ranks 0 and 2 lead a group each
     ({"tp-size": 4, "attn-dp-size": 2}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
     ({"tp-size": 4, "dp-size": 2, "--enable-dp-attention": True}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
-    # replicas (dp-size beside attn-dp-size) do not change which ranks of a TP group stand for it
-    ({"tp-size": 4, "dp-size": 2, "attn-dp-size": 2}, ["0", "2"], [6, 6, 3, 3], [2, 2, 1, 1]),
 ])
 def test_sglang_with_metrics_for_all_schedulers_counts_each_attention_group_once(tmp_path, serve, args, kept,
                                                                                 running, waiting):
