@@ -155,6 +155,7 @@ class Executor:
         self.peers: dict[str, list[HostState]] = {}     # run id -> the other nodes of a run on several hosts
         self.torn_down: set[str] = set()                # runs the interrupt stops (and journals)
         self.told: set[str] = set()                     # runs the source (a search) has been told of
+        self.journaled: set[str] = set()                # runs journaled as ended (ok, failed)
         # what is left of a run once its host is free (its files' hashes, its traces' analysis): CPU work
         # here, one run at a time, while the host runs its next run
         self.afterwards = ThreadPoolExecutor(max_workers=1, thread_name_prefix="afterwards")
@@ -516,6 +517,7 @@ class Executor:
         with self.lock:
             if spec.run_id in self.torn_down and not manifest.ok:
                 return  # torn down by the interrupt, which journaled it
+            self.journaled.add(spec.run_id)   # the interrupt no longer journals it interrupted after this
         self.journal.append(spec.run_id, manifest.status, host=state.host.name,
                             error_kind=manifest.error and manifest.error.kind, attempts=manifest.attempts)
         self._tell(spec, manifest)
@@ -553,7 +555,9 @@ class Executor:
                 except Unreadable:
                     pass  # journaled as finished but its manifest is gone: run it again
             last = states.get(spec.run_id)
-            if (last is not None and last.state == "running" and spec.run_id not in plan.changed
+            # an ok run whose last journal line is "running" or "interrupted" (the interrupt came as it
+            # ended, or while it waited for its analysis) is kept
+            if (last is not None and last.state in ("running", "interrupted") and spec.run_id not in plan.changed
                     and (finished := self._finished_unjournaled(spec, layout)) is not None):
                 self.journal.append(spec.run_id, finished.status, host=last.host, attempts=finished.attempts)
                 self.outcome.manifests.append(finished)
@@ -573,10 +577,10 @@ class Executor:
         return todo
 
     def _finished_unjournaled(self, spec: RunSpec, layout: RunLayout) -> RunManifest | None:
-        """A run the journal says was running whose manifest says ok: it had ended (torn down, its
-        files brought back, its host folder cleaned) and waited only for the hashes of its files and the
-        analysis of its traces when the orchestrator stopped. It is kept, finished now, never run again;
-        None otherwise.
+        """A run the journal says was running (or interrupted) whose manifest says ok: it had ended (torn
+        down, its files brought back, its host folder cleaned) and waited only for the hashes of its files
+        and the analysis of its traces, or its journal line, when the orchestrator stopped. It is kept,
+        finished now, never run again; None otherwise.
         Each attempt starts by emptying the run's folder here, so a manifest found is its last one's."""
         try:
             manifest = load_run(layout).manifest
@@ -654,6 +658,9 @@ class Executor:
                     self.pool.run_once(node.host, stop_command(node), timeout=60)
                 except HarnessError as e:
                     self.events.log(f"[{node.host.name}] could not stop {ctx.run.run_id}: {e}")
+            with self.lock:
+                if ctx.run.run_id in self.journaled:   # it ended by itself meanwhile, ok
+                    continue
             self.journal.append(ctx.run.run_id, "interrupted", host=ctx.host.name,
                                 nodes=[n.host.name for n in ctx.nodes] if ctx.peers else None)
 

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import CommandFailed, HarnessError, RemoteError, UnreachableError
+from harness.errors import CommandFailed, HarnessError, RemoteError, RemoteTimeout, UnreachableError
 from harness.transport.base import HostSpec, Pulled, Result, Transport, output_tail, shell_path, text
 from harness.transport.process import Process, ProcessTransport
 
@@ -418,8 +418,7 @@ class SlurmTransport(ProcessTransport):
                 if self.watch.ended is None:
                     raise
         # the node is gone; its folder may be on a filesystem the login host shares (in the time left)
-        return self._pull_from_login(remote_dir, local_dir, timeout=max(1.0, deadline - time.monotonic()),
-                                     max_bytes=max_bytes, exclude=exclude)
+        return self._pull_from_login(remote_dir, local_dir, deadline=deadline, max_bytes=max_bytes, exclude=exclude)
 
     def _pull_from_node(self, remote_dir: str, local_dir: Path, *, timeout: float, max_bytes: int | None,
                         exclude: tuple[str, ...]) -> Pulled:
@@ -439,19 +438,25 @@ class SlurmTransport(ProcessTransport):
                                                                           e.output))) from None
             raise
 
-    def _pull_from_login(self, remote_dir: str, local_dir: Path, *, timeout: float, max_bytes: int | None,
+    def _pull_from_login(self, remote_dir: str, local_dir: Path, *, deadline: float, max_bytes: int | None,
                          exclude: tuple[str, ...]) -> Pulled:
-        """The folder of a node whose job has ended, pulled from the login host: there on a shared
-        filesystem (a cluster's usual workdir), not on a node's local disk, which is JobEnded. Over a
-        connection of its own: the heartbeat closes this transport's (`close`) once the node is lost."""
+        """The folder of a node whose job has ended, pulled from the login host by `deadline`: there on
+        a shared filesystem (a cluster's usual workdir), not on a node's local disk, which is JobEnded.
+        Over a connection of its own: the heartbeat closes this transport's (`close`) once the node is
+        lost."""
         from harness.transport import connect  # the package's, which imports this module
         login = connect(self.login.host)
         try:
-            return login.pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
+            return login.pull(remote_dir, local_dir, timeout=max(1.0, deadline - time.monotonic()),
+                              max_bytes=max_bytes, exclude=exclude)
         except CommandFailed as e:
             raise JobEnded(f"node {self.node} is gone with its job ({self.watch.ended}), and {remote_dir} is not "
                            f"on the login host {self.login.host.name} either: a workdir on the node's own disk is "
                            "gone with it", host=self.host.name, command=e.command, output=e.output) from e
+        except RemoteTimeout as e:
+            raise JobEnded(f"node {self.node} is gone with its job ({self.watch.ended}), and pulling {remote_dir} "
+                           f"from the login host {self.login.host.name} ran out of time ({e.message})",
+                           host=self.host.name, command=e.command, output=e.output) from e
         finally:
             login.close()
 

@@ -266,11 +266,13 @@ def test_a_flag_listing_that_failed_is_not_kept_for_the_hosts_later_runs(tmp_pat
     assert again.status == "ok", again.error
 
 
-def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kill(tmp_path):
+@pytest.mark.parametrize("last", ["running", "interrupted"])
+def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kill(tmp_path, last):
     """The orchestrator died while a finished run's files waited for their hashes and its traces for
     their analysis (both come once the host is free): its manifest says ok, its journal still says
-    running. A resume keeps it (its results are not removed, the run not redone), hashes its files
-    and analyses its traces now."""
+    running (or interrupted: Ctrl-C came as it ended, and the process was gone before its journal
+    line). A resume keeps it (its results are not removed, the run not redone), hashes its files and
+    analyses its traces now."""
     sw = sweep(tmp_path, flavor="sglang", profile={"mode": "engine", "num_steps": 2})
     first = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
     (done,) = first.manifests
@@ -284,7 +286,7 @@ def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kil
     manifest["collected"] |= {"sha256": {}, "unhashed": sorted(hashed)}
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     with (first.sweep_dir / "journal.jsonl").open("a") as journal_file:   # the kill came before "ok"
-        journal_file.write(json.dumps({"t": 1.0, "run_id": "one-1", "state": "running", "host": "a",
+        journal_file.write(json.dumps({"t": 1.0, "run_id": "one-1", "state": last, "host": "a",
                                        "attempt": 1}) + "\n")
     started = (run_dir / "bench.json").stat().st_mtime_ns
     again = Executor(sw, tmp_path / "results", jobs=1, resume=True, connect=Faults().connect).run()
@@ -293,7 +295,7 @@ def test_a_run_that_had_finished_and_waited_for_its_analysis_is_kept_after_a_kil
     assert kept.collected.sha256 == hashed and not kept.collected.unhashed
     assert json.loads((run_dir / "manifest.json").read_text())["collected"]["sha256"] == hashed
     assert (run_dir / "analysis.json").exists() and (run_dir / "bench.json").stat().st_mtime_ns == started
-    assert [s for r, s, _ in journal(again) if r == "one-1"] == ["running", "ok", "running", "ok"]
+    assert [s for r, s, _ in journal(again) if r == "one-1"] == ["running", "ok", last, "ok"]
 
 
 def test_a_profile_over_its_cap_fails_alone_and_the_run_keeps_its_benchmark(tmp_path):

@@ -147,6 +147,7 @@ def test_a_job_that_ends_during_a_pull_brings_the_folder_back_through_the_login_
     tar starts): the pull falls back to the login host, which shares the run's folder, and brings it
     back whole. Before, the pull failed as the node gone, and the run lost its server.log."""
     from harness.transport import tarpull
+    from harness.transport.slurm import JobEnded
 
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     tar_command = tarpull.tar_command
@@ -171,6 +172,11 @@ def test_a_job_that_ends_during_a_pull_brings_the_folder_back_through_the_login_
         assert pulled.sizes == {"server.log": 24, "profile/rank0.trace.json.gz": 1 << 20}
         assert (tmp_path / "back" / "server.log").read_text() == "the server's last words\n"
         assert link.gone is not None and f"Slurm job {job}" in link.gone and "cancel" in link.gone.lower(), link.gone
+        # the login host's pull gets the time the pull has left, and running out of it says the job is gone
+        monkeypatch.setattr(tarpull, "tar_command", lambda *a, **kw: "sleep 60; " + tar_command(*a, **kw))
+        with pytest.raises(JobEnded, match=f"gone with its job .*Slurm job {job}.* ran out of time"):
+            link.pull(str(shared), tmp_path / "late", timeout=3)
+        assert not (tmp_path / "late").exists()
         link.close()
     finally:
         allocation.release()
