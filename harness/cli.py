@@ -311,8 +311,9 @@ def check(playbook: Annotated[Path | None, typer.Argument(help="a playbook: chec
                                                              "and port")] = None,
           inventory: Inventory = Path("inventory.yaml"), limit: Limit = None,
           engine: Annotated[str | None, typer.Option(help="engine to look for: sglang, vllm, sim... "
-                                                     "(default: the playbook's, else sglang)")] = None,
-          port: Annotated[int | None, typer.Option(help="server port to check; default: the engine's",
+                                                     "(default: the playbook's, else any the venv imports)")] = None,
+          port: Annotated[int | None, typer.Option(help="server port to check; default: the engine's "
+                                                   "(no engine named: none)",
                                                    min=1, max=65535)] = None):
     """Preflight every host: reachable, host key, venv, engine importable, GPUs free, port free, disk."""
     from harness.check import check_hosts, check_these, problem_lines, render
@@ -323,7 +324,7 @@ def check(playbook: Annotated[Path | None, typer.Argument(help="a playbook: chec
         _notes(sw.inventory)
         results = check_these(sw.hosts, engine or sw.engine, port or sw.playbook.server.port)
     else:
-        results = check_hosts(inventory, limit=limit, engine=engine or "sglang", port=port)
+        results = check_hosts(inventory, limit=limit, engine=engine, port=port)
     out.print(render(results))
     for host, problem in problem_lines(results):   # whole lines (soft wrap): a command or fingerprint copies as one
         out.print(Text.assemble((f"{host}: ", "red"), problem), soft_wrap=True)

@@ -3,7 +3,7 @@
 Each subcommand does one lifecycle step locally on the host, where polling is cheap, and prints one JSON
 object on stdout, so the orchestrator needs one SSH command per step instead of one per poll:
 
-    probe    --module M [--imported F] --port P --bind H --dir D
+    probe    --module M[,M...] [--imported F] --port P --bind H --dir D
                                              python, engine import, port holder, disk, GPUs
     wait     --url U --pid-file F --timeout S         health: healthy | died | timeout (+ log tail)
     profile  --spec JSON --url U --dir D ...         start the engine's profiler, keep traffic
@@ -246,19 +246,29 @@ def _mib(cell: str) -> float | None:
 def cmd_probe(a) -> int:
     out: dict = {"python": sys.version.split()[0], "executable": sys.executable}
     out["module_ok"] = True
-    if a.module:
-        r = subprocess.run([sys.executable, "-c", f"import {a.module}"], capture_output=True, text=True,
-                           timeout=300)
-        out["module_ok"] = r.returncode == 0
-        if r.returncode:
+    if a.module:   # one module, or alternatives separated by commas: the first that imports
+        modules, errors = a.module.split(","), []
+        for module in modules:
+            r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+                               timeout=300)
+            if r.returncode == 0:
+                out["module"] = module
+                break
             lines = r.stderr.strip().splitlines()
-            out["module_error"] = lines[-1] if lines else f"exit {r.returncode}"
+            errors.append(lines[-1] if lines else f"exit {r.returncode}")
+        out["module_ok"] = "module" in out
+        if not out["module_ok"]:
+            out["module_error"] = errors[0] if len(errors) == 1 else "; ".join(
+                f"{m}: {e}" for m, e in zip(modules, errors))
         elif a.imported:
             with contextlib.suppress(OSError):   # only a shortcut: unmarked, the next probe imports again
                 open(a.imported, "a").close()
-    out["port_free"] = not port_open(a.bind, a.port) and not port_listeners(a.port)
-    if not out["port_free"]:
-        out["port_holders"] = port_listeners(a.port)
+    if a.port:
+        out["port_free"] = not port_open(a.bind, a.port) and not port_listeners(a.port)
+        if not out["port_free"]:
+            out["port_holders"] = port_listeners(a.port)
+    else:          # no port asked about
+        out["port_free"] = True
     os.makedirs(a.dir, exist_ok=True)
     out["disk_free_gb"] = round(shutil.disk_usage(a.dir).free / 1e9, 2)
     out["gpus"] = gpus()
@@ -773,10 +783,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="agent", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("probe")
-    pr.add_argument("--module", default="", help="a module the engine needs; empty: no check")
+    pr.add_argument("--module", default="", help="a module the engine needs, or alternatives separated by "
+                    "commas (the first that imports); empty: no check")
     pr.add_argument("--imported", default="", help="a file made once --module imports (the host's later "
                     "runs skip the import)")
-    pr.add_argument("--port", type=int, required=True)
+    pr.add_argument("--port", type=int, required=True, help="the server's port; 0: not checked")
     pr.add_argument("--bind", default="127.0.0.1")
     pr.add_argument("--dir", required=True)
     w = sub.add_parser("wait")

@@ -54,6 +54,7 @@ class Probe(Answer):
     python: str = ""
     executable: str = ""
     module_ok: bool
+    module: str | None = None       # the module that imported (of alternatives: the first)
     module_error: str | None = None
     port_free: bool
     port_holders: list[PortHolder] = Field(default_factory=list)

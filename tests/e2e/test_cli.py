@@ -90,6 +90,21 @@ def test_check_reports_each_host_and_what_is_wrong_with_it(tmp_path, ssh_invento
     assert "cannot import vllm" in " ".join(run.stdout.split())
 
 
+def test_check_with_no_engine_named_takes_any_engine_the_venv_imports(tmp_path, ssh_inventory):
+    """No playbook, no --engine: a vLLM-only venv passes (and says vLLM is what it found), a venv with
+    no engine fails naming every engine it tried, rather than failing a vLLM host for lacking SGLang."""
+    venv = make_remote_venv(tmp_path / "one-engine", engines=("vllm",))
+    run = harness("check", "-i", ssh_inventory(venv=str(venv)), "--limit", "node1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "vllm" in run.stdout and "cannot import" not in run.stdout
+    bare = make_remote_venv(tmp_path / "no-engine", engines=())
+    run = harness("check", "-i", ssh_inventory(venv=str(bare)), "--limit", "node1")
+    said = " ".join(run.stdout.split())
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stdout + run.stderr
+    assert "cannot import any engine (sglang, vllm): sglang: ModuleNotFoundError" in said, said
+    assert "vllm: ModuleNotFoundError" in said, said
+
+
 STAND_IN_NVIDIA_SMI = """#!/bin/sh
 # prints what nvidia-smi 580 prints for these queries on a host with four H100s and nothing running
 case "$1" in
