@@ -43,8 +43,10 @@ from harness.results import (
     Unreadable,
     read_model,
     read_requests,
+    samples,
 )
 from harness.results import load_run as load_run_result
+from harness.results.models import SAFE_NAME
 from harness.secrets import MASK, arg_env_name
 
 METRICS = [("ttft_ms", "p50", "TTFT p50 ms"), ("itl_ms", "p50", "ITL p50 ms"), ("itl_ms", "p99", "ITL p99 ms"),
@@ -82,7 +84,6 @@ def load_run(run_dir: Path) -> RunManifest:
     return manifest
 
 
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\.j2$")
 
 
@@ -434,7 +435,7 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
     rows = []
     new_levels = {level_key(lv): lv for lv in new.levels}
     repeats = _repeat_levels(original)
-    requests = _requests(original.layout)
+    requests, faults = _requests(original.layout)
     for old in original.levels:
         which = level_key(old)
         for metric, q, label in METRICS:
@@ -455,6 +456,9 @@ def compare_runs(original_dir: Path, new_dir: Path) -> dict:
                  for metric, q, label in METRICS]
     notes = [f"{side}: {why}" for side, run in (("original", original), ("reproduction", new))
              if (why := _no_figures(run))]
+    if faults:
+        notes.append(f"original: {len(faults)} request(s) of {original.layout.requests} left out of the noise: "
+                     + ", ".join(f"{key} not {REQUEST_FIGURES[key]}" for key in dict.fromkeys(faults)))
     if original.levels and new.levels:
         lost = [k for k in old_keys - new_levels.keys() if not k[3]]
         if lost:
@@ -565,13 +569,42 @@ def _substitute(text: str, path: str, name: str) -> str:
     return re.sub(r"(?<![\w.\-/])" + re.escape(path) + r"(?![\w.\-])", lambda _: name, text)
 
 
-def _requests(layout: RunLayout) -> dict[LevelKey, list[dict]]:
-    """The original's completed requests (requests.jsonl), by the key of their level."""
+NUMBER, NUMBERS = "a number", "a list of numbers"
+REQUEST_FIGURES = {"ttft_ms": NUMBER, "e2e_ms": NUMBER, "output_tokens": NUMBER, "itl_ms": NUMBERS}
+"""What the half-split reads of a request record (bench.py's), and what each is."""
+
+
+def _request_fault(record: dict) -> str | None:
+    """The first figure of a request record that is not what REQUEST_FIGURES says (absent is no fault)."""
+    for key, what in REQUEST_FIGURES.items():
+        value = record.get(key)
+        if value is None or (value == [] and what == NUMBERS):   # one token out: no gap between tokens
+            continue
+        if isinstance(value, list) != (what == NUMBERS) or samples(record, key) is None:
+            return key
+    return None
+
+
+def _requests(layout: RunLayout) -> tuple[dict[LevelKey, list[dict]], list[str]]:
+    """The original's completed requests (requests.jsonl), by the key of their level, and for each record
+    left out as not bench.py's (a figure of another kind), the figure: the host wrote the file, as
+    compare and the report read it, the rest stands."""
     out: dict[LevelKey, list[dict]] = {}
+    faults = []
     for r in read_requests(layout):
-        if not r.get("error") and (key := _record_key(r)) is not None:
+        if r.get("error") or (key := _record_key(r)) is None:
+            continue
+        if (fault := _request_fault(r)) is not None:
+            faults.append(fault)
+        else:
             out.setdefault(key, []).append(r)
-    return out
+    return out, faults
+
+
+def _figure(record: dict, key: str) -> float | None:
+    """One figure of a request record that `_request_fault` passed, None where absent."""
+    found = samples(record, key)
+    return found[0] if found else None
 
 
 def _split_half(requests: list[dict], metric: str, q: str | None) -> float | None:
@@ -579,13 +612,16 @@ def _split_half(requests: list[dict], metric: str, q: str | None) -> float | Non
     if q is None or len(requests) < 4:
         return None
     def stat(rs: list[dict]) -> float | None:
-        if metric == "itl_ms":
-            values = [g for r in rs for g in r.get("itl_ms") or []]
-        elif metric == "tpot_ms":
-            values = [(r["e2e_ms"] - r["ttft_ms"]) / (r["output_tokens"] - 1) for r in rs
-                      if r.get("output_tokens", 0) > 1 and r.get("e2e_ms") is not None]
-        else:
-            values = [r[metric] for r in rs if r.get(metric) is not None]
+        values: list[float] = []
+        for r in rs:
+            if metric == "itl_ms":
+                values += samples(r, "itl_ms") or []
+            elif metric == "tpot_ms":
+                e2e, ttft, tokens = _figure(r, "e2e_ms"), _figure(r, "ttft_ms"), _figure(r, "output_tokens")
+                if e2e is not None and ttft is not None and tokens is not None and tokens > 1:
+                    values.append((e2e - ttft) / (tokens - 1))
+            elif (value := _figure(r, metric)) is not None:
+                values.append(value)
         return percentile(sorted(values), float(q[1:])) if values else None
     a, b, whole = stat(requests[0::2]), stat(requests[1::2]), stat(requests)
     if a is None or b is None or not whole:

@@ -68,8 +68,8 @@ def gpu_bandwidth(name: str | None) -> tuple[str, float] | None:
 def _bandwidth(manifest: RunManifest) -> tuple[str | None, float, str] | None:
     """(GPU name, GB/s, where the figure came from) or None when the GPU is unknown."""
     host = manifest.host
-    gpus = (manifest.facts or {}).get("gpus") or []
-    reported = gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None
+    gpus = manifest.host_facts.gpus   # a fact of another shape is none: the inventory's GPU stands
+    reported = gpus[0].name if gpus else None
     if host.gpu_bandwidth_gbs:
         return reported or host.gpu, float(host.gpu_bandwidth_gbs), "inventory gpu_bandwidth_gbs"
     for name, source in ((reported, "nvidia-smi"), (host.gpu, "inventory gpu")):

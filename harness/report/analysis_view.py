@@ -90,22 +90,26 @@ def _table(title: str, name: str, *numbers: str) -> PlainTable:
 
 
 def _headline(a: dict) -> Text:
-    files = a.get("files", [])
+    """The trace files, kernel time, steps and idle time: each figure the analysis has (a saved
+    analysis.json of another harness may lack some)."""
+    files = a.get("files") or []
     text = Text()
     text.append(f"{len(files)} trace file{'s' if len(files) != 1 else ''}", style="bold")
-    text.append(f"   GPU kernel time {a['total_gpu_ms']:.3f} ms per rank")
+    if a.get("total_gpu_ms") is not None:
+        text.append(f"   GPU kernel time {_ms(a['total_gpu_ms'])} ms per rank")
     if a.get("steps"):
         decode = (a.get("stages") or {}).get("decode") if a.get("steps_source") == "trace" else None
         what = "decode steps in the trace" if decode else "steps requested"
         text.append(f"   {_count(a['steps'])} {what}")
         if a.get("per_step_ms") is not None:
             text.append("   ")
-            text.append(f"{a['per_step_ms']:.3f} GPU ms/step", style="bold")
-        if decode:
-            text.append(f" ({decode['step_ms']:.3f} ms wall)")
-    idle = a.get("gpu_idle_share", 0.0)
-    text.append(f"   GPU idle {idle * 100:.1f}% ({a.get('gpu_idle_ms', 0.0):.3f} ms)",
-                style="bold red" if idle >= _IDLE_ALARM else "")
+            text.append(f"{_ms(a['per_step_ms'])} GPU ms/step", style="bold")
+        if decode and decode.get("step_ms") is not None:
+            text.append(f" ({_ms(decode['step_ms'])} ms wall)")
+    idle = a.get("gpu_idle_share")
+    if idle is not None:
+        text.append(f"   GPU idle {idle * 100:.1f}% ({_ms(a.get('gpu_idle_ms'))} ms)",
+                    style="bold red" if idle >= _IDLE_ALARM else "")
     return text
 
 
@@ -115,9 +119,8 @@ def _stages(a: dict) -> RenderableType:
                    "GPU ms")
     for stage, s in a["stages"].items():
         top1 = short_name(s["top"][0]["name"]) if s.get("top") else ""
-        per_step = "-" if s.get("per_step_ms") is None else f"{s['per_step_ms']:.3f}"
-        table.add_row(_name(top1), stage, _count(s["steps"]), per_step, f"{s['step_ms']:.3f}",
-                      f"{s['total_gpu_ms']:.3f}")
+        table.add_row(_name(top1), stage, _count(s.get("steps")), _ms(s.get("per_step_ms")), _ms(s.get("step_ms")),
+                      _ms(s.get("total_gpu_ms")))
     if a.get("outside_steps_ms") is None:
         return table
     return Group(table, Text(f"outside every step: {a['outside_steps_ms']:.3f} GPU ms"))
@@ -129,8 +132,8 @@ def _kernels(a: dict, top: int, label: str = "") -> RenderableType:
     where = f" in {label} steps" if label else ""
     table = _table(f"GPU kernels{where} by total time (per rank)", "kernel", "category", "ms", "share", "count")
     for k in a["top"][:top]:
-        table.add_row(_name(short_name(k["name"])), k["category"], f"{k['total_ms']:.3f}",
-                      f"{k['share'] * 100:.1f}%", _count(k["count"]))
+        table.add_row(_name(short_name(k["name"])), k.get("category") or "-", _ms(k.get("total_ms")),
+                      f"{(k.get('share') or 0.0) * 100:.1f}%", _count(k.get("count")))
     return table
 
 
@@ -146,7 +149,7 @@ def _categories(a: dict, label: str = "") -> RenderableType:
 def _cpu(a: dict, top: int) -> RenderableType:
     table = _table("CPU ops by self time (per rank)", "op", "self ms", "count")
     for op in a["cpu_top"][:top]:
-        table.add_row(_name(op["name"]), f"{op['self_ms']:.3f}", _count(op["count"]))
+        table.add_row(_name(str(op.get("name"))), _ms(op.get("self_ms")), _count(op.get("count")))
     return table
 
 
@@ -156,11 +159,11 @@ def _ranks(a: dict) -> RenderableType:
     table = _table("Ranks", "top kernel", "rank", "GPU ms", "idle ms")
     for r in a["ranks"]:
         top1 = short_name(r["top3"][0]["name"]) if r.get("top3") else ""
-        table.add_row(_name(top1), str(r["rank"]), f"{r['total_gpu_ms']:.3f}", f"{r['idle_ms']:.3f}",
-                      style="bold red" if r["rank"] == straggler else None)
+        table.add_row(_name(top1), str(r.get("rank", "-")), _ms(r.get("total_gpu_ms")), _ms(r.get("idle_ms")),
+                      style="bold red" if r.get("rank") == straggler else None)
     of = "CPU op time (no GPU kernels)" if spread.get("basis") == "cpu_ops" else "GPU kernel time"
-    note = Text(f"spread of {of} {spread.get('spread_pct', 0.0):.1f}% "
-                f"({spread.get('min_ms', 0.0):.3f} to {spread.get('max_ms', 0.0):.3f} ms)")
+    note = Text(f"spread of {of} {spread.get('spread_pct') or 0.0:.1f}% "
+                f"({_ms(spread.get('min_ms'))} to {_ms(spread.get('max_ms'))} ms)")
     if straggler is not None:
         note.append(f"   straggler: rank {straggler}", style="bold red")
     return Group(table, note)
@@ -170,6 +173,10 @@ def _name(name: str) -> Text:
     return Text(name, no_wrap=True, overflow="ellipsis")
 
 
-def _count(count: float) -> str:
-    """Launches per rank: whole when the ranks agree, else a mean with two decimals."""
-    return str(count) if isinstance(count, int) else f"{count:.2f}"
+def _count(count: float | None) -> str:
+    """Launches per rank: whole when the ranks agree, else a mean with two decimals; "-" when not counted."""
+    return "-" if count is None else str(count) if isinstance(count, int) else f"{count:.2f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import html
 import io
 import json
 import math
@@ -40,10 +41,12 @@ from harness.report.live import profile_warning
 from harness.report.plain import PlainTable, printable
 from harness.report.references import check_references, references_of
 from harness.results import (
+    BenchFile,
     BenchLevel,
     RunLayout,
     RunManifest,
     RunResult,
+    SearchFile,
     SweepLayout,
     Unreadable,
     find_sweeps,
@@ -204,7 +207,7 @@ def max_load(runs: Sequence[RunResult]) -> dict | None:
 
 def max_load_text(m: dict) -> str:
     if not m["met"]:
-        return f"none met the SLO (even {m['low']:g})"
+        return "none met the SLO" + (f" (even {m['low']:g})" if m.get("low") is not None else "")
     value = f"{_fmt(m['value'])} req/s" if m["kind"] == "request_rate" else f"{m['value']:g} streams"
     some = f", {m['runs_met']} of {m['runs']} runs" if m["runs_met"] != m["runs"] else ""
     return f"{value} ({m['probes']} probes{some})"
@@ -299,15 +302,28 @@ def _why_no_figures(runs: Sequence[Sample]) -> str | None:
 
 
 def unreadable(paths: list[Path]) -> list[str]:
-    """The run folders whose manifest.json is there but cannot be read (cut short, or not a manifest):
-    compare and the report leave those runs out, and say so. A folder without one is a run still
-    going, not a fault."""
+    """The files of a sweep that are there but cannot be read (cut short, or not what they should be),
+    each with the key at fault and what is left out for it: a run's manifest.json (the run), a run's
+    bench.json (its figures) and a search's search.json (its trials and best). Compare and the report
+    say so. A run folder without a manifest is a run still going, not a fault."""
     out = []
     for layout in _run_layouts(paths):
         try:
-            read_model(layout.manifest, RunManifest)   # the manifest alone: its bench.json is not_measured's
+            read_model(layout.manifest, RunManifest)
         except Unreadable as e:
             out.append(f"{e} (run {layout.run_id} left out)")
+            continue
+        if layout.bench.exists():
+            try:
+                read_model(layout.bench, BenchFile)   # as written: what it contradicts is not_measured's
+            except Unreadable as e:
+                out.append(f"{e} (the figures of run {layout.run_id} left out)")
+    for sweep in (SweepLayout(s) for p in paths for s in find_sweeps(p)):
+        if sweep.search.exists():
+            try:
+                read_model(sweep.search, SearchFile)
+            except Unreadable as e:
+                out.append(f"{e} (the search's trials left out)")
     return sorted(out)
 
 
@@ -622,8 +638,8 @@ def load_notes(rows: list[dict]) -> str:
         lines.append(f"good req/s: completed requests within every bound ({bounds}) a second; red: the level misses it")
     loads = {r["config"]: r["max_load"] for r in rows if r.get("max_load")}
     for config, m in loads.items():
-        bounds = ", ".join(f"{k} {v:g}" for k, v in m["slo"].items())
-        lines.append(f"max load {config} ({m['scenario']}, {bounds}): {max_load_text(m)}")
+        bounds = "".join(f", {k} {v:g}" for k, v in m["slo"].items())
+        lines.append(f"max load {config} ({m['scenario']}{bounds}): {max_load_text(m)}")
     return "\n".join(lines)
 
 
@@ -831,16 +847,23 @@ def as_markdown(rows: list[dict]) -> str:
     if any("within noise" in (r.get("itl_verdict"), r.get("tok_s_verdict")) for r in rows):
         lines += ["", "≈ within the noise (95% intervals overlap)"]
     note = time_note(rows)
-    loads = printable(load_notes(rows))
+    loads = _md_text(load_notes(rows))
     return ("\n".join(lines) + "\n" + ("\n" + "\n\n".join(loads.splitlines()) + "\n" if loads else "")
-            + (f"\nNote: {printable(note)}.\n" if note else "")
+            + (f"\nNote: {_md_text(note)}.\n" if note else "")
             + _telemetry_markdown(rows))
 
 
+def _md_text(text: str) -> str:
+    """Text of a host's or a playbook's in markdown: a control character would reach the terminal it is
+    printed on, and `<`, `>` and `&` be taken for HTML where the markdown is rendered (a name or an
+    error holding `<script>`), so they are written as entities, which render as themselves."""
+    return html.escape(printable(text), quote=False)
+
+
 def _md_cell(text: str) -> str:
-    """A cell of a markdown table on its one line: a multi-line error or name would end the row, a `|`
-    split it, a control character reach the terminal it is printed on."""
-    return printable(" ".join(text.splitlines())).replace("|", "\\|")
+    """A cell of a markdown table on its one line (`_md_text`): a multi-line error or name would end the
+    row, a `|` split it."""
+    return _md_text(" ".join(text.splitlines())).replace("|", "\\|")
 
 
 def _telemetry_markdown(rows: list[dict]) -> str:
@@ -858,5 +881,5 @@ def _telemetry_markdown(rows: list[dict]) -> str:
         cells += [_telemetry_cell(r["telemetry"].get(k), f) for k, _, f in columns]
         lines.append("| " + " | ".join(map(_md_cell, cells)) + " |")
     if short := telemetry_view.unsampled(shown):
-        lines += ["", f"Note: {printable(short)}."]
+        lines += ["", f"Note: {_md_text(short)}."]
     return "\n".join(lines) + "\n"

@@ -196,7 +196,8 @@ def _timelines(runs: list[RunResult], colors: dict[str, str]) -> list[dict]:
                 if pts:
                     series[metric.key] = pts
         bands = [((lv.started_ns - start) / 1e9, (lv.ended_ns - start) / 1e9, f"c{lv.concurrency}")
-                 for lv in run.levels if lv.started_ns is not None and lv.ended_ns is not None]
+                 for lv in run.levels if lv.started_ns is not None and lv.ended_ns is not None
+                 and lv.trusted]   # a level refused as a whole may be refused for its clock
         if series:
             lines = {"running": colors.get(name, plots.PALETTE[0]), "waiting": "#bab0ac"}
             out[name] = {"config": name, "run_id": run.manifest.run_id, "chart": Markup(plots.time_chart(
@@ -281,7 +282,8 @@ def _unreadable(paths: list[Path]) -> list[dict]:
 
 
 def _hosts(runs: list[RunResult], rows: list[dict]) -> list[dict]:
-    """What each host was, from the facts its first run recorded."""
+    """What each host was, from the facts its first run recorded (each fact of the shape harness.facts
+    writes; one of another shape is not shown)."""
     seen: dict[str, dict] = {}
     for run in runs:
         m = run.manifest
@@ -289,24 +291,24 @@ def _hosts(runs: list[RunResult], rows: list[dict]) -> list[dict]:
         name = m.host.name or "?"
         if name in seen or not m.facts:
             continue
-        facts = m.facts
-        gpus = facts.get("gpus") or []
-        names = list(dict.fromkeys(g.get("name") for g in gpus))
-        gpu = ", ".join(f"{sum(g.get('name') == n for g in gpus)} x {n}" for n in names) if gpus else (
+        facts = m.host_facts
+        gpus = facts.gpus or []
+        names = list(dict.fromkeys(g.name for g in gpus))
+        gpu = ", ".join(f"{sum(g.name == n for g in gpus)} x {n}" for n in names) if gpus else (
             f"{host.get('gpus') or '?'} x {host['gpu']} (inventory)" if host.get("gpu") else "none reported")
         roof = next((r["roofline"] for r in rows if r.get("roofline") and name in r["hosts"]), None)
         seen[name] = {"name": name, "facts": {
             "GPUs": gpu,
-            "GPU memory": f"{gpus[0].get('memory_total_mib')} MiB" if gpus else None,
-            "driver": gpus[0].get("driver") if gpus else None,
-            "CUDA": facts.get("cuda"),
+            "GPU memory": f"{gpus[0].memory_total_mib} MiB" if gpus and gpus[0].memory_total_mib is not None else None,
+            "driver": gpus[0].driver if gpus else None,
+            "CUDA": facts.cuda,
             "bandwidth": f"{roof['bandwidth_gbs']:,.0f} GB/s per GPU ({roof['bandwidth_source']})" if roof else None,
-            "engine": f"{m.engine} {facts.get('engine_version') or ''}".strip(),
-            "engine commit": (facts.get("engine_git") or {}).get("commit"),
-            "python": facts.get("python"),
-            "kernel": facts.get("kernel"),
-            "packages": facts.get("pip_freeze"),
-            "environment": " ".join(f"{k}={v}" for k, v in (facts.get("env") or {}).items()) or None,
+            "engine": f"{m.engine} {facts.engine_version or ''}".strip(),
+            "engine commit": facts.engine_git.commit if facts.engine_git else None,
+            "python": facts.python,
+            "kernel": facts.kernel,
+            "packages": facts.pip_freeze,
+            "environment": " ".join(f"{k}={v}" for k, v in (facts.env or {}).items()) or None,
             "address": host.get("address"), "venv": host.get("venv")}}
     return list(seen.values())
 

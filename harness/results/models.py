@@ -17,9 +17,19 @@ writes a file: `harness.results.store` does, through `read_model` and `write_mod
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from harness.errors import Kind
 
@@ -27,6 +37,23 @@ from harness.errors import Kind
 class Record(BaseModel):
     """A part of a results file: fields this version does not name are kept, not refused."""
     model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+"""A name that is one folder's: a run's (`runs/<run_id>`, made of a configuration's name), never a path."""
+MAX_COUNT = 10**12
+"""More requests or tokens than this in one level is no benchmark (and would overflow a float division)."""
+NS_MAX = 2**63
+"""time.monotonic_ns() fits in 64 bits."""
+
+Tokens = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+"""A count of tokens a benchmark asked for."""
+Concurrency = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+"""Streams in flight: a closed loop's load (the playbook's concurrency is at least 1)."""
+Load = Annotated[float, Field(gt=0, le=MAX_COUNT, allow_inf_nan=False)]
+"""A level's load (its concurrency or request rate): above 0, finite, within what a benchmark can ask."""
+Clock = Annotated[int, Field(ge=0, lt=NS_MAX)]
+"""An instant of time.monotonic_ns() on the host."""
 
 
 class Versioned(Record):
@@ -139,6 +166,46 @@ class NodeRecord(Record):
     teardown: dict[str, Any] | None = None
 
 
+class GpuFact(Record):
+    """A GPU as nvidia-smi named it (harness.facts): its figures as the text nvidia-smi wrote."""
+    name: str | None = None
+    memory_total_mib: str | int | float | None = None
+    driver: str | None = None
+    cuda_capability: str | None = None
+
+
+class GitFact(Record):
+    commit: str | None = None
+    dirty: bool | None = None
+
+
+class HostFacts(Record):
+    """A manifest's `facts` (what harness.facts parsed on the host), read for showing: a fact of another
+    shape than the parser writes (a manifest edited by hand, or another harness's) is None, a GPU
+    that is no record is left out, and every other fact stands."""
+    gpus: list[GpuFact] | None = None
+    cuda: str | None = None
+    python: str | None = None
+    engine_version: str | None = None
+    engine_git: GitFact | None = None
+    pip_freeze: str | int | None = None
+    env: dict[str, str] | None = None
+    kernel: str | None = None
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _records_only(cls, value: Any) -> Any:
+        return [g for g in value if isinstance(g, dict)] if isinstance(value, list) else value
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _or_none(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            return None
+
+
 class RunManifest(Versioned):
     """One run: what ran, where, how it ended, what each stage found. A run that never started
     (skipped, or no host could take it) has the first block only."""
@@ -177,6 +244,11 @@ class RunManifest(Versioned):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def host_facts(self) -> HostFacts:
+        """`facts` as HostFacts: each one well-formed, or None."""
+        return HostFacts.model_validate(self.facts or {})
 
     def seconds(self, phase: str) -> float | None:
         return self.phases[phase].seconds if phase in self.phases else None
@@ -250,14 +322,17 @@ class Workload(Record):
     """What a scenario's level asked: prompts of `input_tokens`, `output_tokens` out (the level's own
     `output_tokens` is what its completed requests produced, summed), at `load` of `kind`."""
     scenario: str
-    input_tokens: int
-    output_tokens: int
+    input_tokens: Tokens
+    output_tokens: Tokens
     kind: Literal["concurrency", "request_rate"]
-    load: float
+    load: Load
 
 
 class BenchLevel(Record):
-    concurrency: int | None = None               # closed loop's streams; None in an open loop (request_rate)
+    """One level of bench.json. Its load (concurrency, request_rate) is what tells it apart and what every
+    chart is drawn along: one that is no load (0, negative, beyond any benchmark) makes the file
+    unreadable, named with its key; its figures are checked apart (`check_level`)."""
+    concurrency: Concurrency | None = None       # closed loop's streams; None in an open loop (request_rate)
     requests: int | None = None
     completed: int = 0
     failed: int = 0
@@ -278,7 +353,7 @@ class BenchLevel(Record):
     # a scenario's level (benchmark.scenarios): its workload, load and, with an SLO, its goodput
     scenario: str | None = None
     workload: Workload | None = None
-    request_rate: float | None = None
+    request_rate: Load | None = None
     arrival: str | None = None
     burstiness: float | None = None
     random_state: int | None = None
@@ -335,10 +410,10 @@ class MaxLoadResult(Record):
     ({load, met, level: its index in levels}); value None and met False when even `low` missed."""
     scenario: str
     kind: Literal["concurrency", "request_rate"]
-    value: float | None = None
+    value: Load | None = None
     met: bool = False
-    low: float | None = None
-    high: float | None = None
+    low: Load | None = None
+    high: Load | None = None
     steps: int | None = None
     slo: dict[str, float] = Field(default_factory=dict)
     probes: list[dict[str, Any]] = Field(default_factory=list)
@@ -348,8 +423,8 @@ class BenchFile(Versioned):
     schema_: str = Field("harness.bench/1", alias="schema")
     url: str | None = None
     model: str | None = None
-    max_tokens: int | None = None
-    prompt_tokens: int | None = None
+    max_tokens: Tokens | None = None
+    prompt_tokens: Tokens | None = None
     slo: dict[str, float] | None = None
     random_state: int | None = None
     levels: list[BenchLevel] = Field(default_factory=list)
@@ -404,10 +479,6 @@ REL_TOL = 0.01
 PHASE_SLACK_S = 1.0
 """Seconds a level may outlast the benchmark phase (beyond REL_TOL of it): the phase is rounded to the
 millisecond, measured on another clock."""
-MAX_COUNT = 10**12
-"""More requests or tokens than this in one level is no benchmark (and would overflow a float division)."""
-NS_MAX = 2**63
-"""time.monotonic_ns() fits in 64 bits."""
 
 
 def _number(value: Any) -> float | None:
@@ -545,13 +616,31 @@ def _whole_level_fault(level: BenchLevel, max_tokens: int | None, bench_s: float
 
 # --- telemetry.jsonl ---------------------------------------------------------------------------------
 
+MAX_READING = 1e15
+"""A sampled number beyond this (a thousand trillion tokens, watts or MiB) is no reading of a server or a GPU."""
+
+
+def _reading(value: Any) -> bool:
+    """Whether a sampled value can be read: anything not a number, or a number within MAX_READING (not
+    NaN, not an infinity; `abs` first: an integer too large for a float is compared exactly)."""
+    return isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) <= MAX_READING
+
+
 class TelemetryLine(Record):
     """One line: `source` start | metrics | gpu | note | stop (a newer sampler may add others); a
-    sample was asked for at `t_ns` and answered at `t_end_ns` (time.monotonic_ns() on the host)."""
-    t_ns: int
-    t_end_ns: int | None = None
+    sample was asked for at `t_ns` and answered at `t_end_ns` (time.monotonic_ns() on the host). A
+    line whose time is no instant of that clock is no line (the reader leaves it out)."""
+    t_ns: Clock
+    t_end_ns: Clock | None = None
     source: str
     values: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("values")
+    @classmethod
+    def _readings(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A number that is no reading (NaN, an infinity, beyond MAX_READING) is left out, as a value
+        not sampled: every sum, mean and chart of the readers stays finite."""
+        return {key: value for key, value in values.items() if _reading(value)}
 
 
 class TelemetryMetric(Record):
@@ -655,6 +744,15 @@ class SearchTrial(Record):
     params: dict[str, Any] = Field(default_factory=dict)
     duplicate_of: int | None = None
     reason: str | None = None                    # why a failed trial has no value
+
+    @field_validator("run_id")
+    @classmethod
+    def _a_run_folder(cls, value: str | None) -> str | None:
+        """The name of the run's folder under runs/, which compare and the report read (its launch
+        command): a plain name, never a path that leads elsewhere."""
+        if value is not None and not SAFE_NAME.match(value):
+            raise ValueError(f"{value!r} is not a run's name (a folder of runs/: letters, digits, '_', '.', '-')")
+        return value
 
 
 class SearchFile(Versioned):

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -71,7 +72,20 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
+    return parse_json(Path(path).read_text())
+
+
+def parse_json(text: str) -> Any:
+    """`text` as JSON; ValueError for what is not JSON a reader can hold: malformed, an integer of more
+    digits than Python converts (ValueError itself), or nested deeper than Python's recursion allows."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise ValueError("nested too deeply to be read") from None
+    except ValueError:   # not the advice to raise the limit (sys.set_int_max_str_digits) that Python's says
+        raise ValueError(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
 
 
 def write_model(path: Path, model: Versioned) -> None:
@@ -85,13 +99,16 @@ class Unreadable(InputError):
 def read_model(path: Path, model: type[M]) -> M:
     """The file as its model; Unreadable (naming the file and the first wrong key) otherwise."""
     try:
-        return model.model_validate(read_json(path))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = read_json(path)
+    except (OSError, ValueError) as e:   # UnicodeDecodeError and json's errors are ValueErrors
         raise Unreadable(f"cannot read it: {e}", file=str(path)) from e
+    try:
+        return model.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top)"
-        raise Unreadable(f"not a {model.__name__} file: {where}: {first['msg']}", file=str(path), key=where) from e
+        why = first["msg"].removeprefix("Value error, ")   # a validator's own words
+        raise Unreadable(f"not a {model.__name__} file: {where}: {why}", file=str(path), key=where) from e
 
 
 def maybe_read(path: Path, model: type[M]) -> M | None:
@@ -172,7 +189,7 @@ def read_requests(layout: RunLayout) -> list[dict[str, Any]]:
     out = []
     for line in lines:
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except ValueError:
             continue
         if isinstance(record, dict):
@@ -202,7 +219,7 @@ def read_telemetry(path: Path) -> TelemetryFile | None:
     lines = []
     for raw in text.splitlines():
         try:
-            lines.append(TelemetryLine.model_validate(json.loads(raw)))
+            lines.append(TelemetryLine.model_validate(parse_json(raw)))
         except (ValueError, ValidationError):
             continue
     head = next((x for x in lines if x.source == "start"), None)
@@ -316,11 +333,22 @@ def find_sweeps(path: Path) -> list[Path]:
 
 
 def latest_sweep(results: Path, name: str) -> Path:
-    """The most recently started sweep of playbook `name` under `results` (what --resume continues)."""
+    """The most recently started sweep of playbook `name` under `results` (what --resume continues).
+    A sweep.json that cannot be read in a folder named as that playbook's sweeps are (`<name>-<time>`)
+    is an error naming it: it may be the latest, and resuming an older sweep instead would pass unseen."""
     candidates = []
     for sweep_dir in find_sweeps(results):
-        record = read_sweep(SweepLayout(sweep_dir))
-        if record is not None and record.playbook_name == name:
+        layout = SweepLayout(sweep_dir)
+        if not layout.record.exists():
+            continue
+        try:
+            record = read_model(layout.record, SweepRecord)
+        except Unreadable as e:
+            if sweep_dir.name.startswith(f"{name}-"):
+                raise InputError(f"{e.message}: it may be the latest sweep of playbook {name!r}, which --resume "
+                                 "continues; mend it or move its folder out of the results") from None
+            continue
+        if record.playbook_name == name:
             candidates.append((record.started or 0, sweep_dir))
     if not candidates:
         raise InputError(f"no earlier sweep of playbook {name!r} to resume in {results}", key="--resume")
