@@ -286,7 +286,7 @@ RunState = Literal["pending", "running", "retry", "ok", "failed", "skipped", "in
 
 
 class JournalEvent(Record):
-    t: float
+    t: Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]   # time.time(): a line with no such time is no event
     run_id: str
     state: RunState
     host: str | None = None

@@ -213,3 +213,20 @@ def test_plan_counts_a_run_on_two_hosts_once_and_names_its_nodes(tmp_path):
     lines = shown.stdout.splitlines()
     assert lines[0] == "1 run (1 configuration x 1 repeat):"   # it said "2 runs (1 configurations ..."
     assert lines[1:3] == ["  tp2-1  on a, node 0", "  tp2-1  on b, node 1"]
+
+
+def test_a_journal_line_whose_time_is_no_time_is_skipped_not_shown_as_nan_hours(tmp_path):
+    """`t` NaN, infinite or beyond any clock: the line is no event (as a torn one), so status neither
+    prints a run's time as 'nan s' nor an estimate of 'nan h' left."""
+    sweep = write_sweep(tmp_path)
+    record = json.loads((sweep / "sweep.json").read_text())
+    (first, second, *_) = [r["run_id"] for r in record["runs"]]
+    for bad in ("NaN", "1e308", "-5"):
+        (sweep / "journal.jsonl").write_text(
+            f'{{"t": 1.0, "run_id": "{first}", "state": "running", "host": "gpu-01"}}\n'
+            f'{{"t": {bad}, "run_id": "{first}", "state": "ok", "host": "gpu-01"}}\n'
+            f'{{"t": 1.0, "run_id": "{second}", "state": "pending"}}\n')
+        shown = harness("status", sweep)
+        said = " ".join(shown.stdout.split())
+        assert "Traceback" not in shown.stderr and shown.returncode in (0, 1), shown.stderr
+        assert "nan" not in said and "inf" not in said and "e+" not in said, said
