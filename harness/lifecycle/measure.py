@@ -10,6 +10,7 @@ protocol is the engine's (`Engine.capture`, plain data) and the host agent follo
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import time
 from dataclasses import asdict
@@ -63,21 +64,24 @@ PROMPT_S = 0.1
 
 def _waves(ctx: RunContext) -> float:
     """The worst case, in request timeouts: every request of every level runs into its own timeout,
-    one wave after another (an open loop's requests are all in flight at once: one wave, after its
-    schedule)."""
+    one wave after another: the warm-up's waves (its requests at most `load` at a time, ended before
+    the level starts), then the level's (an open loop's requests are all in flight at once: one wave,
+    after its schedule; its warm-up goes one request after another)."""
     pb, b = ctx.sweep.playbook, ctx.run.benchmark
     if not b.scenarios:
-        return sum(-(-((b.requests or max(16, 2 * c)) + b.warmup) // c) for c in b.concurrency)
+        return sum(math.ceil(b.warmup / c) + math.ceil((b.requests or max(16, 2 * c)) / c) for c in b.concurrency)
     ml = pb.search.max_load if pb.search is not None else None
-    levels = [(sc, load) for sc in b.scenarios for load in sc.loads]
+    levels = [(sc, load, False) for sc in b.scenarios for load in sc.loads]
     if ml is not None:
         searched = next((sc for sc in b.scenarios if sc.name == (ml.scenario or b.scenarios[0].name)), b.scenarios[0])
-        levels += [(searched, ml.low)] * ml.steps   # the lowest load takes longest
+        levels += [(searched, ml.low, True)] * ml.steps   # the lowest load takes longest
     waves = 0.0
-    for sc, load in levels:
+    for sc, load, probe in levels:
         n = sc.requests or b.requests or max(16, 2 * int(load) + 1)
+        if probe:   # a probe sends two requests a stream (two seconds of arrivals) at least: bench.py
+            n = max(n, 2 * int(load) if sc.kind == "concurrency" else math.ceil(2 * load))
         if sc.kind == "concurrency":
-            waves += -(-(n + b.warmup) // int(load))
+            waves += math.ceil(b.warmup / int(load)) + math.ceil(n / int(load))
         else:
             waves += 1 + b.warmup + n / load / b.timeout_s
         # building its prompts: a count or two at the server's tokenizer a request, off the level's clock

@@ -78,23 +78,45 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _number(value: Any) -> bool:
+    """Whether `value` is a finite number (JSON's `Infinity` and `NaN` are not; a boolean is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _check_scenario(sc: Any, searched: bool) -> None:
     name = sc.get("name") if isinstance(sc, dict) else None
     _check(isinstance(name, str) and bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", name)),
            f"a scenario needs a name of letters, digits, '.', '_', '-' (got {sc!r})")
     for key in ("input_tokens", "output_tokens"):
-        _check(isinstance(sc.get(key), int) and sc[key] >= 1, f"scenario {name}: {key} must be a positive integer")
+        _check(_whole(sc.get(key)), f"scenario {name}: {key} must be a positive integer")
     conc, rate = sc.get("concurrency"), sc.get("request_rate")
     _check((conc is None) != (rate is None), f"scenario {name}: give concurrency (closed loop) or request_rate "
            "(open loop), one of them")
-    _check(all(isinstance(c, int) and c >= 1 for c in conc or ()), f"scenario {name}: concurrency levels are "
-           "positive integers")
-    _check(all(isinstance(r, (int, float)) and r > 0 for r in rate or ()), f"scenario {name}: request rates are "
-           "positive numbers")
+    _check(isinstance(conc or [], list) and all(_whole(c) for c in conc or ()), f"scenario {name}: concurrency "
+           "levels are positive integers")
+    _check(isinstance(rate or [], list) and all(_number(r) and r > 0 for r in rate or ()), f"scenario {name}: "
+           "request rates are positive numbers")
     _check(searched or bool(conc or rate), f"scenario {name}: no levels")
     _check(sc.get("arrival", "poisson") in ARRIVALS, f"scenario {name}: arrival is one of {', '.join(ARRIVALS)}")
-    _check(float(sc.get("burstiness", 1.0)) > 0, f"scenario {name}: burstiness must be above 0")
-    _check(sc.get("requests") is None or sc["requests"] >= 1, f"scenario {name}: requests must be at least 1")
+    _check(_number(sc.get("burstiness", 1.0)) and sc.get("burstiness", 1.0) > 0,
+           f"scenario {name}: burstiness must be above 0")
+    _check(sc.get("requests") is None or _whole(sc["requests"]), f"scenario {name}: requests must be at least 1")
+
+
+def asked_exactly(body: dict) -> int | None:
+    """The tokens every answer to `body` must have: its max_tokens when it asks the server to ignore
+    end-of-sequence and sets nothing else that may end an answer sooner or give it another length (stop
+    strings or tokens, another limit: `extra_body` may add them); else None, and no answer is held to a
+    length."""
+    n = body.get("max_tokens")
+    if body.get("ignore_eos") is not True or not isinstance(n, int) or isinstance(n, bool) \
+            or any(k in body for k in ("stop", "stop_token_ids", "max_completion_tokens", "max_new_tokens")):
+        return None
+    return n
 
 
 def _load_label(level: dict) -> str:
@@ -128,6 +150,7 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     when true (some servers refuse unknown fields, transformers serve with HTTP 422); `extra_body`
     adds engine-specific fields to every request.
     """
+    _check(isinstance(scenarios or [], (list, tuple)), "scenarios: a list of scenarios")
     scenarios = list(scenarios or ())
     _check(bool(concurrency) and all(c >= 1 for c in concurrency), "concurrency must be positive integers")
     _check(requests is None or requests >= 1, "requests must be at least 1")
@@ -138,6 +161,7 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     _check(api in APIS, f"api must be one of {', '.join(APIS)}")
     _check(timeout > 0 and (duration is None or duration > 0), "timeout and duration must be positive")
     _check(workers >= 1, "workers must be at least 1")
+    _check(extra_body is None or isinstance(extra_body, dict), "extra_body: a JSON object of fields")
     _check(not scenarios or (prompt is None and prompt_tokens is None),
            "scenarios make their own prompts: give no prompt nor prompt_tokens with them")
     _check(not scenarios or duration is None, "scenarios count their requests: no duration with them")
@@ -146,16 +170,20 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
     _check(isinstance(random_state, int) and random_state >= 0, "random_state must be an integer, 0 or more")
     searched = None
     if search is not None:
-        _check(isinstance(search, dict) and all(isinstance(search.get(k), (int, float)) for k in ("low", "high")),
-               "search: {scenario, slo, low, high, steps}, low and high numbers")
+        _check(isinstance(search, dict) and all(_number(search.get(k)) for k in ("low", "high")),
+               "search: {scenario, slo, low, high, steps}, low and high numbers (finite)")
         names = [sc.get("name") for sc in scenarios if isinstance(sc, dict)]
         searched = search.get("scenario") or (names[0] if names else None)
         _check(searched in names, f"search: no scenario named {searched!r} (have: {', '.join(map(str, names))})")
         _check(is_slo(search.get("slo")) and bool(search["slo"]), "search: an SLO to meet: " + SLO_FORM)
-        _check(isinstance(search.get("steps"), int) and search["steps"] >= 1, "search: steps must be at least 1")
+        _check(_whole(search.get("steps")), "search: steps must be at least 1")
         _check(0 < search.get("low", 0) <= search.get("high", 0), "search: 0 < low <= high")
     for sc in scenarios:
         _check_scenario(sc, sc.get("name") == searched if isinstance(sc, dict) else False)
+    if search is not None and next(sc for sc in scenarios if sc["name"] == searched).get("concurrency") is not None:
+        # the bisection's own check, before any level runs rather than after them all
+        _check(math.ceil(search["low"]) <= math.floor(search["high"]),
+               f"search: no whole number of streams lies between low {search['low']:g} and high {search['high']:g}")
     words: int | None = None
     if prompt is not None:
         text = prompt
@@ -210,9 +238,11 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
             count = n or (math.ceil(rate * duration) if duration else max(16, math.ceil(2 * rate)))
         state = random_state + index
         reqs = offsets = None
+        asked = asked_exactly(body)
         if sc is not None:
             assert maker is not None and count is not None   # a scenario's level counts its requests
             scenario_body = {**base, "max_tokens": sc["output_tokens"], "ignore_eos": True, **(extra_body or {})}
+            asked = asked_exactly(scenario_body)
             texts = maker.prompts(sc["input_tokens"], count + warmup, random.Random(f"prompts/{state}"))
             reqs = [target.request_for(scenario_body | maker.content(t)) for t in texts]
             if rate is not None:
@@ -224,7 +254,7 @@ def run_benchmark(url: str, model: str, *, concurrency: Sequence[int] = (1,), re
                 if on_tick else None)
         outcomes, cpu_s = run_level(target, streams, count, warmup, duration if offsets is None else None, timeout,
                                      workers, tick, reqs, offsets)
-        level, records = summarize_level(c, outcomes, level_slo)
+        level, records = summarize_level(c, outcomes, level_slo, asked)
         chunks = sum(r["chunks"] for r in records)
         level["client_cpu_s"] = cpu_s
         level["client_cpu_us_per_chunk"] = cpu_s * 1e6 / chunks if chunks else None
@@ -341,6 +371,15 @@ def _positive_ints(text: str) -> list[int]:
     return values
 
 
+def _json(text: str) -> Any:
+    """A JSON argument; argparse's own error (exit 2) for one that is none, nested past the parser's
+    stack included."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {str(e)[:200]}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench.py",
                                 description="Decode benchmark of an OpenAI-compatible server.")
@@ -353,7 +392,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="seconds per level instead of a request count")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before each level (default 1)")
     p.add_argument("--max-tokens", type=int, help=f"output tokens a request (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--plan", type=json.loads, help="a JSON object: scenarios (a list, as the playbook's "
+    p.add_argument("--plan", type=_json, help="a JSON object: scenarios (a list, as the playbook's "
                    "benchmark.scenarios), slo, search (max_load: scenario, slo, low, high, steps), random_state; "
                    "instead of --concurrency, --max-tokens and the prompt options")
     src = p.add_mutually_exclusive_group()
@@ -364,7 +403,7 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"a synthetic prompt of N words (default {DEFAULT_PROMPT_WORDS})")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="ask the server to ignore end-of-sequence (--no-ignore-eos sends no such field)")
-    p.add_argument("--extra-body", type=json.loads, default=None,
+    p.add_argument("--extra-body", type=_json, default=None,
                    help="a JSON object of fields added to every request (engine-specific)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per request")
     p.add_argument("--workers", type=int, default=1,

@@ -70,7 +70,8 @@ class Outcome:
     chunk_tokens: list[int] | None = None   # completion_tokens so far at each text chunk, when
                                             # every one carried usage (SGLang's continuous usage)
     empty_events: int = 0       # events with a choice but no text (a token that decodes to nothing, or
-                                # a closing event that only gives the finish reason)
+                                # a closing event that only gives the finish reason; not the chat API's
+                                # first, which names the role)
     scheduled_ns: int | None = None   # open loop: when the arrival process said to send it
 
 
@@ -201,17 +202,40 @@ def _clip(text: str, limit: int = 200) -> str:
     return (text[:limit] + "...") if len(text) > limit else text
 
 
-def _count(value: object) -> int | None:
-    """A token count as the server's usage gives it, or None when it is not one (a string, a
-    negative number): the level then counts the request's text chunks instead."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+MAX_TOKEN_COUNT = 10**9
+"""The most tokens a usage count may say (no context holds more): beyond it the count is no count."""
+
+
+def _count(usage: dict, key: str) -> int | None:
+    """A token count of the server's usage: None when it gives none (the level then counts the
+    request's text chunks instead); ValueError, naming the field, when what it gives is no count (a
+    string, a negative number, one beyond MAX_TOKEN_COUNT, whose arithmetic would overflow a float)."""
+    value = usage.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKEN_COUNT:
+        raise ValueError(f"usage.{key} is not a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}): "
+                         f"{_clip(json.dumps(value), 60)}")
+    return value
+
+
+def _announces_role(obj: dict) -> bool:
+    """The chat API's first event: it names the answer's role and carries no token."""
+    return all((choice.get("delta") or {}).get("role") for choice in obj["choices"])
+
+
+def _aborted(obj: dict) -> bool:
+    """A choice that ends with finish_reason "abort": the engine dropped the request (vLLM sends it on an
+    ordinary 200 stream, with usage and [DONE] after it)."""
+    return any(choice.get("finish_reason") == "abort" for choice in obj.get("choices") or ())
 
 
 def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = None) -> Outcome:
     """Turn one request's stamped reads (raw HTTP response bytes) into an Outcome.
 
     `error` is what the connection said (timeout, reset, closed early); an error the server reported
-    in the response (a non-200 status, an error event) takes precedence, being the more telling.
+    in the response (a non-200 status, an error event, an abort, a usage count that is none) takes
+    precedence, being the more telling.
     """
     head = b""
     for i, (t, piece) in enumerate(reads):  # noqa: B007  (i and t are used after the break: where the head ends)
@@ -231,6 +255,8 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = 
     tokens = prompt_tokens = None
     failure = None
     empty = 0
+    aborted = False
+    received = sum(len(d) for _, d in body)   # as it came: a chunk cut off is no dechunked byte
     try:
         if chunked:
             body = list(_dechunk(body))
@@ -253,18 +279,25 @@ def parse_exchange(sent_ns: int, end_ns: int, reads: Reads, error: str | None = 
                 break
             usage = obj.get("usage")
             if usage:  # assigned, not added: usage on the last content chunk counts once
-                tokens, prompt_tokens = _count(usage.get("completion_tokens")), _count(usage.get("prompt_tokens"))
+                tokens, prompt_tokens = _count(usage, "completion_tokens"), _count(usage, "prompt_tokens")
             if _carries_text(obj):
                 times.append(t)
                 if running is not None and usage and isinstance(tokens, int):
                     running.append(tokens)
                 else:
                     running = None
-            elif obj.get("choices"):
+            elif obj.get("choices") and not _announces_role(obj):
                 empty += 1
+            aborted = aborted or _aborted(obj)
+        if aborted and failure is None:
+            failure = ("server aborted the request (finish_reason abort) after "
+                       + (f"{tokens} tokens" if tokens is not None else f"{len(times)} text chunks"))
         if not seen_data and failure is None:
-            failure = "not an event stream: " + _excerpt(b"".join(d for _, d in body))
-    except (ValueError, AttributeError, TypeError) as e:  # bad chunk size, JSON or JSON shape
+            failure = (f"{error} after the response head and {received} bytes of its body" if error else
+                       "not an event stream: " + _excerpt(b"".join(d for _, d in body)))
+    except (ValueError, AttributeError, TypeError) as e:  # bad chunk size, JSON, JSON shape or usage count
         failure = f"malformed response: {_clip(str(e))}"
+    except RecursionError:   # JSON nested deeper than the parser's stack: no answer of a server
+        failure = "malformed response: JSON nested too deep"
     return Outcome(sent_ns, end_ns, times, tokens, prompt_tokens, status, _clip(failure, 1000) if failure else error,
                    running if running else None, empty)

@@ -20,6 +20,10 @@ Definitions (per request; a level's distributions pool its completed requests):
     schedule lag (open loop) = sent - scheduled; achieved rate = (sent - 1) / (last send - first send)
     goodput = requests meeting every SLO bound (each its own TTFT, TPOT, E2E, ITL percentile) / duration
     completion_tokens from the server's usage; without usage, the chunk count (tokens_from: "chunks")
+    failed = an error of the connection or the server (exchange.py: a status, an error event, an abort,
+           a usage count that is none), or, when every request asked for exactly `asked` tokens
+           (ignore_eos), a usage that counts fewer (`short_answer`): a failed request counts in
+           `failed` and `errors` only, and a level with one does not meet its SLO
     level duration = first send to last finish; output_tok_s = completed requests' tokens / duration.
            A request that failed before it was sent (its connection refused) has no send time and
            starts nothing; a level that sent nothing has no duration (0) and no rates (null)
@@ -35,6 +39,7 @@ Definitions (per request; a level's distributions pool its completed requests):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -82,6 +87,16 @@ def _per_token(itl: list[float], o: Outcome, tokens: int) -> list[float]:
     return [gap / per_chunk for gap in itl] if per_chunk > 0 else []
 
 
+def short_answer(o: Outcome, asked: int | None) -> Outcome:
+    """`o`, failed when it completed with fewer tokens than the `asked` its request was to decode
+    whatever its end-of-sequence (ignore_eos), by the server's own usage: the server stopped it short
+    without saying so. A count of chunks is no token count (a chunk may carry several) and holds it to
+    nothing."""
+    if asked is None or o.error is not None or o.tokens is None or o.tokens >= asked:
+        return o
+    return dataclasses.replace(o, error=f"short answer: {o.tokens} of the {asked} tokens asked with ignore_eos")
+
+
 def _sent(o: Outcome) -> bool:
     """Whether the request went out: a failed one without a send time (0: its connection refused, no
     socket to be had) never did; a completed one did."""
@@ -107,9 +122,11 @@ def decode_window(outcomes: Sequence[Outcome], concurrency: int) -> dict | None:
 
 
 def summarize_level(concurrency: int | None, outcomes: Sequence[Outcome],
-                    slo: dict[str, float] | None = None) -> tuple[dict, list[dict]]:
+                    slo: dict[str, float] | None = None, asked: int | None = None) -> tuple[dict, list[dict]]:
     """A level of bench.json and its requests.jsonl records (indexed in the order they were sent, or
-    scheduled in an open loop). With `slo`, the level's goodput (`goodput`)."""
+    scheduled in an open loop). With `slo`, the level's goodput (`goodput`); with `asked`, the tokens
+    each request had to decode (ignore_eos), a request that decoded fewer is failed (`short_answer`)."""
+    outcomes = [short_answer(o, asked) for o in outcomes]
     records = [request_record(concurrency, i, o) for i, o in
                enumerate(sorted(outcomes, key=lambda o: o.sent_ns if o.scheduled_ns is None else o.scheduled_ns))]
     ok = [r for r in records if r["error"] is None]

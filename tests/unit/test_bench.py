@@ -106,8 +106,31 @@ class Handler(socketserver.BaseRequestHandler):
     def no_done(self) -> None:
         """Usage on the last content chunk, no [DONE], the end marked by closing the connection."""
         self.head("Connection: close\r\n")
-        self.request.sendall(self.event(" a") + self.event(" b", finish="length", usage={
-            "prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}))
+        self.request.sendall(self.event(" a b c d e f") + self.event(" g h i j k l", finish="length", usage={
+            "prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}))
+
+    def aborted(self) -> None:
+        """vLLM's engine-initiated abort (a shutdown, a pause): three tokens, then a last event with
+        finish_reason "abort", usage and [DONE], all on an ordinary 200 stream."""
+        self.head("Transfer-Encoding: chunked\r\n")
+        for i in range(3):
+            self.chunk(self.event(f" w{i}"))
+        self.chunk(self.event("", finish="abort"))
+        self.chunk(self.event(usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}))
+        self.chunk(b"data: [DONE]\n\n")
+        self.request.sendall(b"0\r\n\r\n")
+
+    def short(self) -> None:
+        """An answer that stops by itself after 4 tokens (finish_reason stop) though asked to ignore EOS."""
+        self.head("Transfer-Encoding: chunked\r\n")
+        self.chunk(self.event(" w x y z", finish="stop"))
+        self.chunk(self.event(usage={"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}))
+        self.chunk(b"data: [DONE]\n\n")
+        self.request.sendall(b"0\r\n\r\n")
+
+    def head_then_hang(self) -> None:
+        self.head("Transfer-Encoding: chunked\r\n")
+        self.server.release.wait()
 
     def hang(self) -> None:
         self.server.release.wait()
@@ -172,12 +195,12 @@ def test_every_kind_of_response_is_counted_and_described_and_failed_requests_fai
     assert "reset" in reset["error"].lower()
     assert (keepalive["error"], keepalive["output_tokens"]) == (None, 12)
     assert status500["error"].startswith("HTTP 500: ") and "out of KV cache" in status500["error"]
-    assert (no_done["error"], no_done["output_tokens"], no_done["chunks"]) == (None, 2, 2)
+    assert (no_done["error"], no_done["output_tokens"], no_done["chunks"]) == (None, 12, 2)
 
     level, = result["levels"]
     assert (level["requests"], level["completed"], level["failed"]) == (6, 3, 3)
-    assert level["output_tokens"] == 26
-    assert level["token_count_mismatches"] == 2
+    assert level["output_tokens"] == 36
+    assert level["token_count_mismatches"] == 3
     assert sorted(e["count"] for e in level["errors"]) == [1, 1, 1]
     assert (result["schema"], result["model"], result["prompt_tokens"]) == ("harness.bench/1", "glm-5", 5)
     assert level["client_cpu_s"] > 0 and level["client_cpu_us_per_chunk"] > 0
@@ -321,7 +344,7 @@ def test_worker_processes_share_a_level_and_their_requests_are_merged(serve, tmp
 def test_the_chat_api_in_process(serve, tmp_path):
     server = serve("tokens4", "tokens4")
     result = run_benchmark(server.url + "/v1", "glm-5", requests=2, warmup=0, api="chat",
-                           prompt="Hello there")
+                           prompt="Hello there", max_tokens=12)
     write_results(result, tmp_path / "bench.json")
     assert server.bodies[0]["messages"] == [{"role": "user", "content": "Hello there"}]
     assert result["levels"][0]["completed"] == 2
@@ -331,7 +354,7 @@ def test_the_chat_api_in_process(serve, tmp_path):
 
 def test_a_level_bound_by_duration_sends_whole_requests_up_to_the_requests_cap(serve):
     server = serve()
-    result = run_benchmark(server.url, "glm-5", concurrency=[2], requests=3, duration=0.05, warmup=0)
+    result = run_benchmark(server.url, "glm-5", concurrency=[2], requests=3, duration=0.05, warmup=0, max_tokens=12)
     level, = result["levels"]
     assert 1 <= level["requests"] <= 3
     assert level["failed"] == 0
@@ -345,3 +368,100 @@ def test_headers_and_an_api_key_go_with_every_request_and_bad_ones_are_refused(s
     assert [(h["authorization"], h["x-team"]) for h in server.headers] == [("Bearer sk-1", "perf")] * 2
     with pytest.raises(ValueError, match="one line"):
         run_benchmark(server.url, "glm-5", requests=1, headers={"X-Evil": "a\r\nHost: elsewhere"})
+
+
+def test_a_stream_the_server_aborted_or_cut_short_is_a_failed_request_and_the_level_misses_its_slo(serve, tmp_path):
+    """vLLM ends a request its engine aborted with HTTP 200, finish_reason "abort", usage and [DONE];
+    a server may also stop an answer that was to ignore EOS before its max_tokens. Both were counted
+    completed, so a level that lost them met its SLO and the run was ok."""
+    server = serve("tokens4", "aborted", "short")
+    proc, result, requests = bench(tmp_path, server.url, "--requests", "3", "--warmup", "0",
+                                   "--plan", '{"slo": {"ttft_ms_p99": 60000}}')
+    assert proc.returncode == 4, proc.stderr
+    assert [r["error"] for r in requests] == [
+        None, "server aborted the request (finish_reason abort) after 3 tokens",
+        "short answer: 4 of the 12 tokens asked with ignore_eos"]
+    level, = result["levels"]
+    assert (level["completed"], level["failed"], level["output_tokens"]) == (1, 2, 12)
+    assert (level["slo_met"], level["slo_met_requests"]) == (False, 1)
+    assert "1 x server aborted the request" in proc.stderr and "1 x short answer: 4 of the 12" in proc.stderr
+
+
+def test_an_answer_that_may_end_by_itself_is_held_to_no_length(serve):
+    """Without ignore_eos, or where extra_body adds a stop or another limit, a short answer is an answer."""
+    from harness.remote.bench import asked_exactly
+    server = serve("short", "short")
+    result = run_benchmark(server.url, "glm-5", requests=2, warmup=0, max_tokens=12, ignore_eos=False)
+    assert (result["levels"][0]["completed"], result["levels"][0]["failed"]) == (2, 0)
+    assert asked_exactly({"max_tokens": 12, "ignore_eos": True}) == 12
+    assert asked_exactly({"max_tokens": 12, "ignore_eos": True, "stop": ["."]}) is None
+    assert asked_exactly({"max_tokens": 12, "ignore_eos": True, "max_completion_tokens": 20}) is None
+    assert asked_exactly({"max_tokens": 12}) is None
+
+
+def test_a_timeout_after_the_response_head_is_reported_as_a_timeout(serve):
+    """It read "not an event stream: (empty)", as if the server had answered something else."""
+    server = serve("head_then_hang")
+    result = run_benchmark(server.url, "glm-5", requests=1, warmup=0, max_tokens=12, timeout=0.2)
+    assert result["requests"][0]["error"] == "timeout after the response head and 0 bytes of its body"
+
+
+def test_a_search_the_bisection_cannot_run_is_refused_before_any_level(serve, tmp_path, capsys):
+    """No whole number of streams lies between 1.5 and 1.7: the bisection said so only after every
+    level had run, and the run ended with exit 2 and nothing written."""
+    from harness.remote.bench import main
+    server = serve()
+    plan = {"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 12, "concurrency": [1]}],
+            "search": {"low": 1.5, "high": 1.7, "steps": 2, "slo": {"ttft_ms_p99": 1000}}}
+    out = tmp_path / "bench.json"
+    assert main(["--url", server.url, "--model", "glm-5", "--out", str(out), "--plan", json.dumps(plan)]) == 2
+    assert "search: no whole number of streams lies between low 1.5 and high 1.7" in capsys.readouterr().err
+    assert server.bodies == [] and not out.exists()
+
+
+@pytest.mark.parametrize("plan", [
+    {"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 12, "concurrency": [1]}],
+     "search": {"low": 1, "high": float("inf"), "steps": 2, "slo": {"ttft_ms_p99": 1000}}},
+    {"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 12, "request_rate": [1], "burstiness": [2]}]},
+    {"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 12, "concurrency": 4}]},
+    {"scenarios": [{"name": "s", "input_tokens": 8, "output_tokens": 12, "concurrency": [1], "requests": "8"}]},
+    {"scenarios": 3},
+], ids=["infinite-high", "burstiness-a-list", "concurrency-a-number", "requests-a-string", "scenarios-a-number"])
+def test_a_plan_of_the_wrong_types_is_refused_with_a_message(plan, tmp_path, capsys):
+    from harness.remote.bench import main
+    assert main(["--url", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path / "b.json"),
+                 "--plan", json.dumps(plan)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.py: error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("option", ["--plan", "--extra-body"])
+def test_json_nested_past_the_parser_s_stack_is_a_bad_argument(option, tmp_path, capsys):
+    from harness.remote.bench import main
+    with pytest.raises(SystemExit) as exited:
+        main(["--url", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path / "b.json"),
+              option, "[" * 100_000])
+    assert exited.value.code == 2 and f"argument {option}: not JSON" in capsys.readouterr().err
+
+
+def test_the_benchmark_s_time_budget_counts_the_warm_up_as_waves_of_its_own():
+    """The warm-up runs, and ends, before a level's measured requests: one request of warm-up and 16
+    at 3 streams are 1 + 6 waves, each as long as a request's timeout at worst, not ceil(17 / 3) = 6."""
+    from types import SimpleNamespace
+
+    from harness.config.playbook import Benchmark, MaxLoad, Scenario, Search
+    from harness.lifecycle.measure import PROMPT_S, _waves
+
+    def waves(benchmark: Benchmark, search: Search | None = None) -> float:
+        return _waves(SimpleNamespace(sweep=SimpleNamespace(playbook=SimpleNamespace(search=search)),
+                                      run=SimpleNamespace(benchmark=benchmark)))
+
+    assert waves(Benchmark(concurrency=[3], warmup=1)) == 1 + 6
+    assert waves(Benchmark(concurrency=[4], warmup=1, requests=5)) == 1 + 2
+    chat = Scenario(name="chat", input_tokens=8, output_tokens=8, concurrency=[4], requests=5)
+    prompts = (5 + 1) * PROMPT_S / 600
+    assert waves(Benchmark(scenarios=[chat], warmup=1)) == pytest.approx(1 + 2 + prompts)
+    # a probe sends two requests a stream at least: 8 at 4 streams, whatever the scenario's 5
+    probe = Search(max_load=MaxLoad(low=4, high=8, steps=1))
+    assert waves(Benchmark(scenarios=[chat], warmup=1), probe) == pytest.approx(2 * (1 + 2) + prompts
+                                                                                + (8 + 1) * PROMPT_S / 600)

@@ -79,16 +79,94 @@ def test_a_server_s_long_error_is_cut_to_an_excerpt_on_one_line():
         assert outcome.error.startswith("x x x") and outcome.error.endswith("...") and len(outcome.error) < 1100
 
 
-def test_a_token_count_that_is_not_a_whole_number_counts_the_text_chunks_instead():
-    """A server that sends `"completion_tokens": "3"` or -1 has sent no count: the level counts the request's
-    chunks rather than failing on a string (a TypeError in the summary once failed the whole run)."""
-    events = [b'data: {"choices": [{"text": "a"}]}\n\n', b'data: {"choices": [{"text": "b"}], '
-              b'"usage": {"completion_tokens": "3", "prompt_tokens": -1}}\n\n', b"data: [DONE]\n\n"]
-    outcome = parse_exchange(0, 10 * MS, [(1 * MS, response(events, "close"))])
+def usage_stream(usage: bytes) -> list[tuple[int, bytes]]:
+    events = [b'data: {"choices": [{"text": "a"}]}\n\n', b'data: {"choices": [{"text": "b"}], "usage": '
+              + usage + b'}\n\n', b"data: [DONE]\n\n"]
+    return [(1 * MS, response(events, "close"))]
+
+
+@pytest.mark.parametrize("usage, field", [
+    (b'{"completion_tokens": "3", "prompt_tokens": 4}', "completion_tokens"),
+    (b'{"completion_tokens": 2, "prompt_tokens": -1}', "prompt_tokens"),
+    (b'{"completion_tokens": 2.0}', "completion_tokens"),
+    (b'{"completion_tokens": true}', "completion_tokens"),
+    (b'{"completion_tokens": 1' + b"0" * 400 + b"}", "completion_tokens"),
+    (b'{"completion_tokens": 2, "prompt_tokens": 1000000001}', "prompt_tokens"),
+], ids=["a-string", "negative", "a-float", "a-boolean", "10^400", "past-a-billion"])
+def test_a_token_count_that_is_no_count_fails_the_request_naming_the_field(usage, field):
+    """A server that sends `"completion_tokens": "3"` or -1 has sent no count, and one of 10^400 broke the
+    level's arithmetic (OverflowError: the run lost its bench.json): the request fails, saying which
+    count was wrong, and the level is summed as ever."""
+    outcome = parse_exchange(0, 10 * MS, usage_stream(usage))
+    assert outcome.error.startswith(f"malformed response: usage.{field} is not a token count (a whole number "
+                                    "from 0 to 1,000,000,000): ")
+    assert len(outcome.error) < 200
+    level, (record,) = summarize_level(1, [outcome], {"ttft_ms_p99": 1000})
+    assert (level["completed"], level["failed"], level["output_tokens"], level["slo_met"]) == (0, 1, 0, False)
+
+
+def test_a_usage_without_a_count_counts_the_text_chunks_instead():
+    outcome = parse_exchange(0, 10 * MS, usage_stream(b'{"completion_tokens": null}'))
     assert (outcome.error, outcome.tokens, outcome.prompt_tokens) == (None, None, None)
     level, (record,) = summarize_level(1, [outcome])
     assert (record["output_tokens"], record["tokens_from"]) == (2, "chunks")
     assert (level["completed"], level["output_tokens"]) == (1, 2)
+
+
+def aborted_stream(usage: bool) -> list[bytes]:
+    """What vLLM sends for a request its engine aborted: HTTP 200, tokens, a last event with
+    finish_reason "abort", usage when asked, [DONE]."""
+    events = [b'data: {"choices": [{"index": 0, "text": " w", "finish_reason": null}]}\n\n'] * 3
+    events.append(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "abort"}]}\n\n')
+    if usage:
+        events.append(b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}\n\n')
+    return events + [b"data: [DONE]\n\n"]
+
+
+def test_a_stream_the_server_aborted_is_a_failed_request_with_its_tokens_so_far():
+    """It was counted completed, and a level that lost requests to aborts met its SLO."""
+    for usage, said in ((True, "3 tokens"), (False, "3 text chunks")):
+        for framing in ("chunked", "close"):
+            for reads in deliveries(response(aborted_stream(usage), framing)):
+                outcome = parse_exchange(0, 10, reads)
+                assert outcome.error == f"server aborted the request (finish_reason abort) after {said}"
+                assert len(outcome.times) == 3
+    level, _ = summarize_level(1, [outcome], {"ttft_ms_p99": 1000})
+    assert (level["completed"], level["failed"], level["output_tokens"], level["slo_met"]) == (0, 1, 0, False)
+    assert level["errors"] == [{"error": "server aborted the request (finish_reason abort) after 3 text chunks",
+                                "count": 1}]
+
+
+def test_an_answer_shorter_than_the_tokens_asked_with_ignore_eos_is_failed_by_its_usage():
+    """Asked to ignore EOS, the server owes `max_tokens` exactly; fewer by its own usage is a request
+    stopped short. A count from chunks (no usage) holds it to nothing: a chunk may carry several."""
+    whole = Outcome(0, 41 * MS, [10 * MS, 20 * MS, 30 * MS, 40 * MS], 4, 16, 200, None)
+    short = Outcome(1 * MS, 31 * MS, [11 * MS, 21 * MS, 31 * MS], 3, 16, 200, None)
+    unknown = Outcome(2 * MS, 32 * MS, [12 * MS, 22 * MS], None, 16, 200, None)
+    level, records = summarize_level(3, [whole, short, unknown], {"ttft_ms_p99": 1000}, asked=4)
+    assert [r["error"] for r in records] == [None, "short answer: 3 of the 4 tokens asked with ignore_eos", None]
+    assert (level["completed"], level["failed"], level["output_tokens"], level["slo_met"]) == (2, 1, 6, False)
+    assert level["decode"]["streams"] == 2   # the short one is no stream of the first wave
+    level, _ = summarize_level(3, [whole, short, unknown], {"ttft_ms_p99": 1000})
+    assert (level["completed"], level["slo_met"]) == (3, True)
+
+
+@pytest.mark.parametrize("error", ["timeout", "connection closed mid-response", "benchmark interrupted"])
+def test_a_connection_that_ends_after_the_response_head_says_how_it_ended(error):
+    """It read "not an event stream: (empty)", as if the server had answered something else."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    assert parse_exchange(0, 5, [(1, head)], error).error == f"{error} after the response head and 0 bytes of its body"
+    part = b'2c\r\ndata: {"choices": [{"te'   # an event's chunk, cut off
+    cut = parse_exchange(0, 5, [(1, head), (2, part)], error)
+    assert cut.error == f"{error} after the response head and {len(part)} bytes of its body"
+
+
+def test_the_chat_api_s_first_event_naming_the_role_is_no_empty_event():
+    """vLLM and SGLang open a chat stream with delta {"role": "assistant", "content": ""}: no token."""
+    for outcome in parse_all_ways("vllm_chat_reasoning.txt"):
+        assert (len(outcome.times), outcome.empty_events) == (2, 1)   # the closing event only
+    for outcome in parse_all_ways("sglang_chat_reasoning.txt"):
+        assert (len(outcome.times), outcome.empty_events) == (3, 1)
 
 
 def test_a_chunk_is_stamped_by_the_read_that_completes_it_and_a_shared_read_shares_the_stamp():

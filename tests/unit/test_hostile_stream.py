@@ -293,3 +293,14 @@ def test_a_chunk_size_in_hex_with_or_without_extensions_is_read(size):
     response = HEAD + size + b"\r\n" + EVENT + b"\r\n0\r\n\r\n"
     outcome = parse_exchange(0, 1, [(1, response)])
     assert outcome.error is None and outcome.times == [1]
+
+
+@pytest.mark.parametrize("opening", [b"[", b'{"a": '])
+def test_json_nested_past_the_parser_s_stack_is_a_malformed_response_not_an_exception(opening):
+    """An event of `[[[[...` 100,000 deep raised RecursionError out of the level's parsing, and the run
+    lost its bench.json."""
+    event = EVENT + b"data: " + opening * 100_000 + b"\n\n"
+    response = HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event)
+    with deadline(2):
+        outcome = parse_exchange(0, 1, [(1, response)])
+    assert (outcome.error, outcome.times) == ("malformed response: JSON nested too deep", [1])
