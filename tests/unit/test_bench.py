@@ -71,15 +71,19 @@ class Handler(socketserver.BaseRequestHandler):
     def chunk(self, data: bytes) -> None:
         self.request.sendall(b"%x\r\n%s\r\n" % (len(data), data))
 
-    def tokens4(self) -> None:
-        """12 tokens, 4 to a chunk, usage in its own chunk, chunked encoding."""
+    def chunked_stream(self, texts: list[str], finish: str, tokens: int) -> None:
+        """A text event each, a last event with `finish`, usage of `tokens` in its own, [DONE]; chunked."""
         self.head("Transfer-Encoding: chunked\r\n")
-        for i in range(3):
-            self.chunk(self.event(f" w{i} x{i} y{i} z{i}"))
-        self.chunk(self.event("", finish="length"))
-        self.chunk(self.event(usage={"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}))
+        for text in texts:
+            self.chunk(self.event(text))
+        self.chunk(self.event("", finish=finish))
+        self.chunk(self.event(usage={"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}))
         self.chunk(b"data: [DONE]\n\n")
         self.request.sendall(b"0\r\n\r\n")
+
+    def tokens4(self) -> None:
+        """12 tokens, 4 to a chunk, usage in its own chunk, chunked encoding."""
+        self.chunked_stream([f" w{i} x{i} y{i} z{i}" for i in range(3)], "length", 12)
 
     def keepalive(self) -> None:
         """A complete chunked response on a connection the server then keeps open."""
@@ -112,13 +116,7 @@ class Handler(socketserver.BaseRequestHandler):
     def aborted(self) -> None:
         """vLLM's engine-initiated abort (a shutdown, a pause): three tokens, then a last event with
         finish_reason "abort", usage and [DONE], all on an ordinary 200 stream."""
-        self.head("Transfer-Encoding: chunked\r\n")
-        for i in range(3):
-            self.chunk(self.event(f" w{i}"))
-        self.chunk(self.event("", finish="abort"))
-        self.chunk(self.event(usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}))
-        self.chunk(b"data: [DONE]\n\n")
-        self.request.sendall(b"0\r\n\r\n")
+        self.chunked_stream([f" w{i}" for i in range(3)], "abort", 3)
 
     def short(self) -> None:
         """An answer that stops by itself after 4 tokens (finish_reason stop) though asked to ignore EOS."""
