@@ -245,7 +245,6 @@ def _mib(cell: str) -> float | None:
 
 def cmd_probe(a) -> int:
     out: dict = {"python": sys.version.split()[0], "executable": sys.executable}
-    out["module_ok"] = True
     if a.module:   # one module, or alternatives separated by commas: the first that imports
         modules, errors = a.module.split(","), []
         for module in modules:
@@ -256,19 +255,17 @@ def cmd_probe(a) -> int:
                 break
             lines = r.stderr.strip().splitlines()
             errors.append(lines[-1] if lines else f"exit {r.returncode}")
-        out["module_ok"] = "module" in out
-        if not out["module_ok"]:
+        if "module" not in out:
             out["module_error"] = errors[0] if len(errors) == 1 else "; ".join(
                 f"{m}: {e}" for m, e in zip(modules, errors))
         elif a.imported:
             with contextlib.suppress(OSError):   # only a shortcut: unmarked, the next probe imports again
                 open(a.imported, "a").close()
-    if a.port:
-        out["port_free"] = not port_open(a.bind, a.port) and not port_listeners(a.port)
-        if not out["port_free"]:
-            out["port_holders"] = port_listeners(a.port)
-    else:          # no port asked about
-        out["port_free"] = True
+    out["module_ok"] = not a.module or "module" in out
+    holders = port_listeners(a.port) if a.port else []   # port 0: not asked about
+    out["port_free"] = not a.port or (not holders and not port_open(a.bind, a.port))
+    if not out["port_free"]:
+        out["port_holders"] = holders
     os.makedirs(a.dir, exist_ok=True)
     out["disk_free_gb"] = round(shutil.disk_usage(a.dir).free / 1e9, 2)
     out["gpus"] = gpus()
