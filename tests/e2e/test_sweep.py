@@ -155,8 +155,10 @@ def test_a_flag_the_installed_engine_dropped_fails_in_preflight(tmp_path, ssh_in
     pb = playbook(tmp_path, configs=[{"name": "old", "args": {"enable-piecewise-cuda-graph": True}}])
     run = harness("sweep", pb, "-i", ssh_inventory(), "-o", tmp_path / "r")
     assert run.returncode == 1
-    err = manifests(tmp_path / "r")["old-1"]["error"]
-    assert err["kind"] == "preflight" and "--enable-piecewise-cuda-graph" in err["message"]
+    m = manifests(tmp_path / "r")["old-1"]
+    assert m["error"]["kind"] == "preflight" and "--enable-piecewise-cuda-graph" in m["error"]["message"]
+    # what the host has (the engine's version first) is brought back with the failure
+    assert m["facts"]["engine_version"] == "0.5.23" and m["facts"]["python"], m["facts"]
 
 
 def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inventory):
@@ -177,6 +179,27 @@ def test_the_flag_listing_runs_beside_the_facts_and_the_probe(tmp_path, ssh_inve
     assert m["facts"]["kernel"] and m["facts"]["python"]
     # the probe marked the host once the engine imported: the host's later runs skip the import
     assert len(list((tmp_path / "remote-work").glob("*/.host/node1/module.ok"))) == 1
+
+
+def test_the_server_starts_while_the_facts_are_collected_and_the_run_has_them(tmp_path, ssh_inventory):
+    """A first run's preflight starts the host's facts and does not wait for them. This venv's
+    nvidia-smi (the `cuda` fact) answers only once the run's server has been launched: were the
+    facts waited for in the preflight, it would see no server for 30 s and say `alone`."""
+    venv = make_remote_venv(tmp_path / "venv", engines=("sglang",))
+    pid_files = f"{tmp_path}/remote-work/*/*/server.pid"
+    smi = venv / "bin" / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n[ $# -gt 0 ] && exit 9\n"   # the queries with arguments: no GPU here
+                   f"for i in $(seq 300); do ls {pid_files} >/dev/null 2>&1 && "
+                   "{ echo 'CUDA Version: 99.9'; exit 0; }; sleep 0.1; done; echo alone\n")
+    smi.chmod(0o755)
+    pb = playbook(tmp_path, configs=[{"name": "one"}, {"name": "two", "args": {"mem-fraction-static": 0.8}}],
+                  profile="none")
+    run = harness("sweep", pb, "-i", ssh_inventory(venv=str(venv)), "-o", tmp_path / "r", "--jobs", "1")
+    ms = manifests(tmp_path / "r")
+    assert run.returncode == 0 and [m["status"] for m in ms.values()] == ["ok", "ok"], run.stderr[-2000:]
+    for name, m in ms.items():   # the second run takes the facts the first one's collection wrote
+        assert m["facts"]["cuda"] == "99.9" and m["facts"]["python"], (name, m["facts"])
+        assert (sweep_dir(tmp_path / "r") / "runs" / name / "facts" / "pip_freeze.txt").exists()
 
 
 def test_hosts_that_share_a_workdir_keep_their_own_facts_and_flag_listing(tmp_path, ssh_inventory):

@@ -6,13 +6,14 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from harness.engines import get_engine
 from harness.engines.base import Engine
-from harness.facts import Fact, collect_script, facts_for, parse_facts
+from harness.facts import Fact, await_script, background_script, collect_script, facts_for, parse_facts
 from tests.remote_venv import plant_distribution
 
 
@@ -50,6 +51,88 @@ def test_what_comes_before_the_snippet_holds_for_every_fact(tmp_path):
     facts = [Fact(name, "echo $IN_VENV") for name in ("a", "b", "c")]
     run("IN_VENV=no; f() { IN_VENV=yes; }; f && " + collect_script(facts, str(tmp_path)))
     assert [(tmp_path / f"{name}.txt").read_text() for name in "abc"] == ["yes\n"] * 3
+
+
+def gated(tmp_path: Path, name: str = "slow") -> tuple[Fact, Path]:
+    """A fact that writes `opened` once the test creates its gate file (`alone` after 30 s without)."""
+    gate = tmp_path / f"{name}.gate"
+    return Fact(name, f"for i in $(seq 300); do [ -e {shlex.quote(str(gate))} ] && {{ echo opened; exit 0; }}; "
+                      "sleep 0.1; done; echo alone"), gate
+
+
+def start(facts: list[Fact], folder: Path, count: Path | None = None) -> None:
+    """Start the collection as the preflight does, with a `wait` of the command's own after it: the
+    command must end at once however long the collection takes (the gate stays shut for 30 s)."""
+    collect = collect_script(facts, f"{folder}.tmp")
+    if count is not None:
+        collect = f"echo started >> {shlex.quote(str(count))}; {collect}"
+    run(background_script(collect, str(folder)) + "; wait")
+
+
+def test_the_collection_runs_apart_and_the_run_takes_the_facts_once_written(tmp_path):
+    """The command that starts the collection ends before the collection does (were it waited for,
+    `run` would time out: the gate stays shut until the command has ended); the run's copy then waits
+    for it and takes every fact."""
+    slow, gate = gated(tmp_path)
+    folder, into = tmp_path / "host" / "facts", tmp_path / "run" / "facts"
+    folder.parent.mkdir()
+    into.mkdir(parents=True)
+    start([slow, Fact("quick", "echo quick")], folder)
+    assert not folder.exists()   # still collecting: the slow fact waits on the gate
+    gate.touch()
+    run(await_script(str(folder), str(into)))
+    assert (into / "slow.txt").read_text() == "opened\n" and (into / "quick.txt").read_text() == "quick\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["quick.txt", "slow.txt"]
+    assert not Path(f"{folder}.tmp").exists()
+
+
+def test_a_collection_that_runs_is_not_started_again_and_one_that_died_is(tmp_path):
+    slow, gate = gated(tmp_path)
+    folder, count = tmp_path / "facts", tmp_path / "count"
+    start([slow], folder, count)
+    start([slow], folder, count)    # the first still runs: nothing started
+    assert count.read_text() == "started\n"
+    pid = int(Path(f"{folder}.pid").read_text())
+    os.killpg(pid, 9)               # its own session and group: the host rebooted, the sweep was killed
+    for _ in range(300):
+        if not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text():
+            break
+        time.sleep(0.1)
+    assert Path(f"{folder}.tmp").is_dir() and not folder.exists()
+    start([slow], folder, count)    # a dead one is started again, from an empty folder
+    assert count.read_text() == "started\nstarted\n"
+    gate.touch()
+    into = tmp_path / "run"
+    into.mkdir()
+    run(await_script(str(folder), str(into)))
+    assert (into / "slow.txt").read_text() == "opened\n"
+    start([slow], folder, count)    # done: nothing started
+    assert count.read_text() == "started\nstarted\n"
+
+
+def test_a_collection_that_outlives_the_wait_leaves_the_run_what_it_wrote(tmp_path):
+    """A fact that hangs (nvidia-smi on a broken driver) costs a run at most the wait; the facts written
+    by then are the run's."""
+    slow, gate = gated(tmp_path)
+    folder, into = tmp_path / "facts", tmp_path / "run"
+    into.mkdir()
+    start([slow, Fact("quick", "echo quick")], folder)
+    quick = Path(f"{folder}.tmp") / "quick.txt"
+    for _ in range(300):
+        if quick.exists() and quick.read_text():
+            break
+        time.sleep(0.1)
+    run(await_script(str(folder), str(into), wait_s=0.2))   # `run` gives up after 60 s: the gate takes 30
+    assert (into / "quick.txt").read_text() == "quick\n"
+    assert (into / "slow.txt").read_text() == ""
+    gate.touch()
+
+
+def test_with_no_collection_the_run_takes_nothing_and_does_not_wait(tmp_path):
+    into = tmp_path / "run"
+    into.mkdir()
+    run(await_script(str(tmp_path / "facts"), str(into), wait_s=3600))
+    assert list(into.iterdir()) == []
 
 
 def test_the_snippet_returns_only_once_every_fact_is_written(tmp_path):
