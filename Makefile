@@ -11,7 +11,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 # The package's bytecode is written once here, as a regular (not editable) install does: where
 # PYTHONDONTWRITEBYTECODE is set (container images set it), Python would otherwise compile every module
-# of the checkout again at every command, 0.3 s of each.
+# of the checkout again at every command (a sweep's imports: 0.61 s of CPU without it, 0.47 s with it).
 $(BIN)/harness: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
