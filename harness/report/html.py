@@ -262,11 +262,9 @@ def _failures(runs: list[RunResult]) -> list[dict]:
         elif m.status == "skipped":
             out.append({"run_id": m.run_id, "host": m.host.name, "kind": "skipped",
                         "message": m.skipped or "never started", "log_tail": None})
-        elif run.bench is None:
-            bench = run.layout.bench
+        elif run.bench is None and not run.layout.bench.exists():   # an unreadable one is `_unreadable`'s
             out.append({"run_id": m.run_id, "host": m.host.name, "kind": "no benchmark results",
-                        "message": f"{bench.name} is {'unreadable' if bench.exists() else 'missing'}",
-                        "log_tail": None})
+                        "message": f"{run.layout.bench.name} is missing", "log_tail": None})
         elif m.profile is not None and m.profile.status == "failed":
             out.append({"run_id": m.run_id, "host": m.host.name, "kind": "profile",
                         "message": m.profile.error, "log_tail": m.profile.hint})

@@ -95,6 +95,15 @@ def test_a_skipped_run_and_an_ok_run_without_results_say_why_they_have_no_figure
     assert "the deadline had passed" in page and "bench.json is missing" in page
 
 
+def test_a_run_whose_benchmark_file_cannot_be_read_is_one_failure_naming_the_file(tmp_path):
+    sweep = write_sweep(tmp_path, configs=("tp8", "ep8"))
+    (sweep / "runs" / "ep8-1" / "bench.json").write_text('{"schema": "harness.bench/1", "lev')
+    assert harness("report", sweep, "-o", tmp_path / "r.html").returncode == 0
+    section = (tmp_path / "r.html").read_text().split('<section id="failures">')[1].split("</section>")[0]
+    failures = [f for f in section.split('<div class="failure">')[1:] if "ep8-1" in f]
+    assert len(failures) == 1 and "ep8-1/bench.json: cannot read it" in failures[0], failures
+
+
 def test_a_run_whose_manifest_cannot_be_read_is_named_not_dropped_in_silence(tmp_path):
     sweep = write_sweep(tmp_path, configs=("tp8", "ep8"))
     (sweep / "runs" / "ep8-1" / "manifest.json").write_text('{"schema": "harness.run/1", "run_id": "ep')
