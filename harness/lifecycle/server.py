@@ -94,14 +94,15 @@ def agent_with_key(ctx: RunContext, model: type[A], *args: str | int | float, ti
     return ctx.parse_agent(model, str(args[0]), ctx.sh(command, timeout=timeout, check=False))
 
 
-def _wait(ctx: RunContext, health: str, timeout: float, *, first: bool = True) -> Wait:
-    """The agent's wait for the server's health; the first one ends with the host's facts in the run's
-    folder (harness.facts: collected while the server starts), so the benchmark never shares the host
-    with their collection."""
+def _wait(ctx: RunContext, health: str, timeout: float, *, with_facts: bool = True) -> Wait:
+    """The agent's wait for the server's health; with `with_facts`, the same command ends with the host's
+    facts in the run's folder (harness.facts: collected while the server starts), so the benchmark
+    never shares the host with their collection."""
     paths = ctx.paths
     return agent_with_key(ctx, Wait, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
                           paths.exit_file, "--log", paths.log, "--timeout", timeout, "--interval", HEALTH_POLL_S,
-                          timeout=timeout + 120 + (FACTS_WAIT_S if first else 0), then=take_facts(ctx) if first else "")
+                          timeout=timeout + 120 + (FACTS_WAIT_S if with_facts else 0),
+                          then=take_facts(ctx) if with_facts else "")
 
 
 def take_facts(ctx: RunContext) -> str:
@@ -116,8 +117,9 @@ def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> Wait:
     start = time.monotonic()
     while True:
         left = timeout - (time.monotonic() - start)
-        answer = _wait(ctx, health, max(0.1, min(PEER_CHECK_S, left)))
+        answer = _wait(ctx, health, max(0.1, min(PEER_CHECK_S, left)), with_facts=False)
         if answer.status == "healthy":
+            ctx.sh(take_facts(ctx), timeout=FACTS_WAIT_S + 60, check=False)   # before the benchmark, as `_wait`
             return answer.model_copy(update={"seconds": time.monotonic() - start})
         died = dead_node(ctx, "startup", kind=Kind.LAUNCH, peers_only=answer.status != "died")
         if died is not None and (answer.status != "died" or died.host != ctx.host.name):

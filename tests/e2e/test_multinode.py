@@ -120,6 +120,9 @@ def test_a_server_on_two_hosts_is_measured_profiled_on_both_and_torn_down_on_bot
     log1 = (d / "nodes" / "node1" / "server.log").read_text()
     assert "joined node 0" in log1, log1[-2000:]
     assert "node 1 joined" in (d / "server.log").read_text()
+    # each node's host facts, collected while its server started, are in its folder
+    assert m["facts"]["python"] and (d / "facts" / "pip_freeze.txt").exists()
+    assert (d / "nodes" / "node1" / "facts" / "python.txt").read_text().startswith("Python")
     # one rank's trace from each node, node 1's under profile/node1/, and the profile counts both
     assert m["profile"]["status"] == "ok" and m["profile"]["ranks_found"] == 2, m["profile"]
     rank = "-TP-{}" if engine == "sglang" else "rank{}."

@@ -60,13 +60,12 @@ def gated(tmp_path: Path, name: str = "slow") -> tuple[Fact, Path]:
                       "sleep 0.1; done; echo alone"), gate
 
 
-def start(facts: list[Fact], folder: Path, count: Path | None = None) -> None:
+def start(facts: list[Fact], folder: Path) -> str:
     """Start the collection as the preflight does, with a `wait` of the command's own after it: the
-    command must end at once however long the collection takes (the gate stays shut for 30 s)."""
-    collect = collect_script(facts, f"{folder}.tmp")
-    if count is not None:
-        collect = f"echo started >> {shlex.quote(str(count))}; {collect}"
-    run(background_script(collect, str(folder)) + "; wait")
+    command must end at once however long the collection takes (the gate stays shut for 30 s). The
+    pid of the collection running afterwards (the command notes it before it ends)."""
+    run(background_script(collect_script(facts, f"{folder}.tmp"), str(folder)) + "; wait")
+    return Path(f"{folder}.pid").read_text().strip()
 
 
 def test_the_collection_runs_apart_and_the_run_takes_the_facts_once_written(tmp_path):
@@ -88,26 +87,23 @@ def test_the_collection_runs_apart_and_the_run_takes_the_facts_once_written(tmp_
 
 def test_a_collection_that_runs_is_not_started_again_and_one_that_died_is(tmp_path):
     slow, gate = gated(tmp_path)
-    folder, count = tmp_path / "facts", tmp_path / "count"
-    start([slow], folder, count)
-    start([slow], folder, count)    # the first still runs: nothing started
-    assert count.read_text() == "started\n"
-    pid = int(Path(f"{folder}.pid").read_text())
-    os.killpg(pid, 9)               # its own session and group: the host rebooted, the sweep was killed
+    folder = tmp_path / "facts"
+    first = start([slow], folder)
+    assert start([slow], folder) == first      # it still runs: nothing started
+    os.killpg(int(first), 9)                   # its own session and group: the host rebooted, the sweep was killed
     for _ in range(300):
-        if not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text():
+        if not Path(f"/proc/{first}").exists() or "zombie" in Path(f"/proc/{first}/status").read_text():
             break
         time.sleep(0.1)
     assert Path(f"{folder}.tmp").is_dir() and not folder.exists()
-    start([slow], folder, count)    # a dead one is started again, from an empty folder
-    assert count.read_text() == "started\nstarted\n"
+    again = start([slow], folder)              # a dead one (a zombie too: some inits never reap) is started again
+    assert again != first
     gate.touch()
     into = tmp_path / "run"
     into.mkdir()
     run(await_script(str(folder), str(into)))
     assert (into / "slow.txt").read_text() == "opened\n"
-    start([slow], folder, count)    # done: nothing started
-    assert count.read_text() == "started\nstarted\n"
+    assert start([slow], folder) == again      # done: nothing started
 
 
 def test_a_collection_that_outlives_the_wait_leaves_the_run_what_it_wrote(tmp_path):
