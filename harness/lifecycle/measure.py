@@ -122,11 +122,15 @@ def telemetry_shell(ctx: RunContext, budget: float) -> tuple[str, str]:
 
 def stop_sampler(grace: float) -> str:
     """Shell that stops the sampler `$tpid`: SIGTERM, SIGKILL after `grace` seconds if it is still
-    there. The killer's own sleep goes with the killer (killing its subshell alone left the sleep
-    running on the host for the whole grace, after every benchmark)."""
-    return (f"kill -TERM $tpid 2>/dev/null; ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {grace:g} & s=$!; "
-            "wait $s; kill -KILL $tpid ) >/dev/null 2>&1 </dev/null & killer=$!; wait $tpid 2>/dev/null; "
-            "kill $killer 2>/dev/null; ")
+    there. The killer runs in a process group of its own (setsid), which is ended whole once the
+    sampler is gone: its sleep goes with it. (Killing its subshell alone left the sleep running on the
+    host for the whole grace; a trap in the subshell that killed its sleep missed it when the signal
+    came before the sleep's pid was noted, seen on a loaded machine.) Where the signal comes before
+    the killer has its own group, the killer itself is ended, and its group once more should it have
+    made one in between."""
+    return (f"kill -TERM $tpid 2>/dev/null; setsid sh -c 'sleep {grace:g}; kill -KILL \"$1\"' harness-killer $tpid "
+            ">/dev/null 2>&1 </dev/null & killer=$!; wait $tpid 2>/dev/null; "
+            "kill -- -$killer 2>/dev/null || { kill $killer; kill -- -$killer || :; } 2>/dev/null; ")
 
 
 def bench(ctx: RunContext) -> None:
