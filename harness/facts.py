@@ -139,11 +139,12 @@ def background_script(collect: str, folder: str) -> str:
 def await_script(folder: str, into: str, wait_s: float = FACTS_WAIT_S) -> str:
     """Shell that waits, at most `wait_s`, while the collection `background_script` started runs, then
     copies the facts into `into` (the run's facts folder): all of them when it ended, what it wrote
-    so far when it did not end in time. Nothing to wait for (done, or never started): it copies at once."""
+    so far when it did not end in time. Nothing to wait for (done, or never started): it copies at once.
+    It prints nothing and always succeeds, so it can end any command."""
     f, tmp, pid, d = (shlex.quote(p) for p in (folder, folder + ".tmp", folder + ".pid", into))
-    return (f"fp=; {{ read -r fp < {pid}; }} 2>/dev/null; i=0; while [ ! -d {f} ] && [ -n \"$fp\" ] && "
-            f"{{ {_ALIVE}; }} 2>/dev/null && [ $i -lt {round(wait_s * 20)} ]; do sleep 0.05; i=$((i+1)); done; "
-            f"if [ -d {f} ]; then cp -p {f}/* {d}/; elif [ -d {tmp} ]; then cp -p {tmp}/* {d}/; fi 2>/dev/null; true")
+    return (f"{{ fp=; read -r fp < {pid}; i=0; while [ ! -d {f} ] && [ -n \"$fp\" ] && {{ {_ALIVE}; }} && "
+            f"[ $i -lt {round(wait_s * 20)} ]; do sleep 0.05; i=$((i+1)); done; if [ -d {f} ]; then cp -p {f}/* {d}/; "
+            f"elif [ -d {tmp} ]; then cp -p {tmp}/* {d}/; fi; }} >/dev/null 2>&1; true")
 
 
 def parse_facts(facts: list[Fact], local_dir: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from harness.config.inventory import Host
 from harness.errors import Kind, RunFailed
+from harness.facts import await_script
 from harness.plan import Rendered, RunSpec, Sweep
 from harness.remote import remote_dir, tool_command
 from harness.results.answers import A, AnswerError, Probe, Stop, read_answer
@@ -105,6 +106,11 @@ class RunContext:
     def host_cache(self) -> HostCache:
         """What the runs of this sweep on this host find once and share (the facts, the flag listing)."""
         return HostCache.of(self.host.workdir, self.sweep.sweep_id, self.host.name)
+
+    def take_facts(self) -> str:
+        """Shell that copies the host's facts into the run's folder, waiting a while for their
+        collection (harness.facts), silently."""
+        return await_script(self.host_cache.facts, self.paths.facts_dir)
 
     @property
     def local_dir(self) -> Path:

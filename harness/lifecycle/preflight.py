@@ -13,7 +13,7 @@ import difflib
 import shlex
 
 from harness.errors import HarnessError, Kind, RunFailed
-from harness.facts import FACTS_WAIT_S, await_script, background_script, collect_script, facts_for
+from harness.facts import FACTS_WAIT_S, background_script, collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
 from harness.results.answers import AnswerError, Probe, read_answer
@@ -30,7 +30,7 @@ def preflight(ctx: RunContext) -> Probe:
     # facts) is found once and kept beside the runs: importing a real engine and listing its flags take
     # seconds each, every run.
     kept = ctx.host_cache
-    cache, listed, facts_dir = q(kept.root), q(kept.help), q(kept.facts)
+    cache, listed = q(kept.root), q(kept.help)
     # The probe marks the host once the engine imports (--imported); later runs ask for no import.
     module = f"$([ -f {q(kept.imported)} ] || echo {q(engine.module)})" if engine.module else ""
     probing = ctx.agent_command("probe", "--port", ctx.rendered.port, "--bind", ctx.server_address,
@@ -47,7 +47,7 @@ def preflight(ctx: RunContext) -> Probe:
                f"grep -q -e --help {listed}.$$ && mv -f {listed}.$$ {listed} || mv -f {listed}.$$ {listed}.failed; "
                f"}}; }} & " if engine.help_command else "")
     # The facts are started apart and not waited for here: the run's server starts meanwhile, and the
-    # run copies them into its folder before its benchmark (harness.facts).
+    # run copies them into its folder when its health check ends (harness.facts), or as it fails.
     facts = background_script(ctx.in_venv(collect_script(facts_for(engine), kept.facts + ".tmp")), kept.facts)
     help_tail = (f"if [ -s {listed} ]; then tail -c 2000000 {listed}; else tail -c 2000000 {listed}.failed; "
                  f"rm -f {listed}.failed; fi; " if engine.help_command else "")
@@ -56,7 +56,7 @@ def preflight(ctx: RunContext) -> Probe:
     command = (f"test -x {q(ctx.python)} || {{ echo {NO_VENV}; exit 0; }}; {nsys}"
                f"rm -rf {q(paths.root)} && mkdir -p {q(paths.profile_dir)} {q(paths.facts_dir)} {cache} && "
                f"{{ {facts}; {listing}{probing}; wait; }}; "
-               f"echo {SEP}; {help_tail}[ -d {facts_dir} ] && cp -p {facts_dir}/* {q(paths.facts_dir)}/; true")
+               f"echo {SEP}; {help_tail}true")
     result = ctx.sh(command, timeout=600)
     out = result.stdout
     if NO_VENV in out:
@@ -110,5 +110,5 @@ def _failed(ctx: RunContext, message: str, *, output: str = "") -> RunFailed:
     """The preflight's failure, with the host's facts in the run's folder first: nothing else of the
     run comes after it to copy them, and they say what the host has (its engine's version, its GPUs)."""
     with contextlib.suppress(HarnessError):
-        ctx.sh(await_script(ctx.host_cache.facts, ctx.paths.facts_dir), timeout=FACTS_WAIT_S + 60, check=False)
+        ctx.sh(ctx.take_facts(), timeout=FACTS_WAIT_S + 60, check=False)
     return ctx.fail(Kind.PREFLIGHT, message, output=output)

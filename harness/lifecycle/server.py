@@ -19,7 +19,7 @@ import time
 from secrets import token_hex
 
 from harness.errors import Kind, RunFailed
-from harness.facts import FACTS_WAIT_S, await_script
+from harness.facts import FACTS_WAIT_S
 from harness.lifecycle.context import RunContext
 from harness.remote.names import MARKER
 from harness.results.answers import A, Stop, Wait
@@ -87,10 +87,10 @@ def with_key(ctx: RunContext, command: str) -> str:
 
 def agent_with_key(ctx: RunContext, model: type[A], *args: str | int | float, timeout: float, then: str = "") -> A:
     """One agent subcommand that talks to the server, sending its API key if it asks for one; `then`:
-    shell run after it in the same command, its output none."""
+    shell run after it in the same command, printing nothing."""
     command = with_key(ctx, ctx.agent_command(*args, *key_words(ctx)))
     if then:
-        command = f"( {command} ); {then} >/dev/null 2>&1"
+        command = f"( {command} ); {then}"
     return ctx.parse_agent(model, str(args[0]), ctx.sh(command, timeout=timeout, check=False))
 
 
@@ -102,12 +102,7 @@ def _wait(ctx: RunContext, health: str, timeout: float, *, with_facts: bool = Tr
     return agent_with_key(ctx, Wait, "wait", "--url", health, "--pid-file", paths.pid_file, "--exit-file",
                           paths.exit_file, "--log", paths.log, "--timeout", timeout, "--interval", HEALTH_POLL_S,
                           timeout=timeout + 120 + (FACTS_WAIT_S if with_facts else 0),
-                          then=take_facts(ctx) if with_facts else "")
-
-
-def take_facts(ctx: RunContext) -> str:
-    """Shell that copies the host's facts into the run's folder, waiting a while for their collection."""
-    return await_script(ctx.host_cache.facts, ctx.paths.facts_dir)
+                          then=ctx.take_facts() if with_facts else "")
 
 
 def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> Wait:
@@ -119,7 +114,7 @@ def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> Wait:
         left = timeout - (time.monotonic() - start)
         answer = _wait(ctx, health, max(0.1, min(PEER_CHECK_S, left)), with_facts=False)
         if answer.status == "healthy":
-            ctx.sh(take_facts(ctx), timeout=FACTS_WAIT_S + 60, check=False)   # before the benchmark, as `_wait`
+            ctx.sh(ctx.take_facts(), timeout=FACTS_WAIT_S + 60, check=False)   # before the benchmark, as `_wait`
             return answer.model_copy(update={"seconds": time.monotonic() - start})
         died = dead_node(ctx, "startup", kind=Kind.LAUNCH, peers_only=answer.status != "died")
         if died is not None and (answer.status != "died" or died.host != ctx.host.name):
@@ -211,7 +206,7 @@ def stop_command(ctx: RunContext) -> str:
 def teardown(ctx: RunContext) -> Stop:
     """Stop the server; the host's facts are copied into the run's folder on the way, for a run that
     failed before its health check did (on every node of a server on several hosts)."""
-    command = f"{stop_command(ctx)}; {{ {take_facts(ctx)}; }} >/dev/null 2>&1"
+    command = f"{stop_command(ctx)}; {ctx.take_facts()}"
     answer = ctx.parse_agent(Stop, "stop", ctx.sh(command, timeout=600 + FACTS_WAIT_S, check=False))
     if answer.escaped:
         ctx.found.warnings.append(

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.facts import await_script
 from harness.lifecycle import server
 from harness.remote.agent import group_members
 from harness.results.answers import read_answer
@@ -78,9 +79,8 @@ def context(run_dir: Path, script: str, port: int, lease_s: float) -> SimpleName
     run_dir.mkdir(parents=True, exist_ok=True)
     return SimpleNamespace(
         paths=SimpleNamespace(root=str(run_dir), pid_file=str(run_dir / "server.pid"),
-                              lease=str(run_dir / "lease"), secrets_file=str(run_dir / ".secrets.env"),
-                              facts_dir=str(run_dir / "facts")),
-        host_cache=SimpleNamespace(facts=str(run_dir.parent / ".host" / "facts")),   # none collected
+                              lease=str(run_dir / "lease"), secrets_file=str(run_dir / ".secrets.env")),
+        take_facts=lambda: await_script(str(run_dir.parent / ".host" / "facts"), str(run_dir / "facts")),  # none
         rendered=SimpleNamespace(secret_env={}, script=script, port=port, args={}),
         agent_command=lambda *args: shlex.join(agent_words(*args)),
         sh=sh, lease_s=lease_s, host=SimpleNamespace(name="testhost"), server_address="127.0.0.1",
