@@ -28,6 +28,7 @@ from harness.config.inventory import Host
 from harness.errors import HarnessError, Kind
 from harness.events import Events, parse_tick
 from harness.remote import install, tool_command
+from harness.remote.names import RunFiles
 from harness.transport import HostSpec, Transport
 
 HOST_BACKOFF_S = (5.0, 300.0)   # first and largest wait between connection attempts to a host
@@ -80,9 +81,8 @@ class HostPool:
                                            "venv": installed.resolve(host.venv)})
             assert host.venv is not None  # the sweep refuses a host without one
             python = host.venv + "/bin/python"
-            reap = tool_command(python, installed.tools, "agent", "reap", "--workdir", host.workdir,
-                                "--lease-s", self.lease_s)
-            reaped = transport.run(f"test -x {shlex.quote(python)} && {reap}", timeout=120, check=False).stdout
+            reaped = transport.run(reap_command(python, installed.tools, host.workdir, self.lease_s),
+                                   timeout=120, check=False).stdout
             if '"pid"' in reaped:
                 self.events.log(f"[{host.name}] stopped servers left by an earlier sweep: {reaped.strip()}")
         except Exception as e:  # HarnessError, or our own bug: either way this host is set aside
@@ -183,6 +183,16 @@ class HostPool:
         self.events.host(state.host.name, "lost")
         if state.transport is not None:
             state.transport.close()  # the run in flight fails now instead of waiting on a dead link
+
+
+def reap_command(python: str, tools: str, workdir: str, lease_s: float) -> str:
+    """The agent's reap of `workdir`, started only where a run folder there still holds a server's pid
+    file or its secrets (the files the reap looks for): on a host that earlier sweeps left clean, which
+    is most connections, no Python is started for it. The venv's Python is checked first, as the
+    preflight does, so a missing venv is named there and not here."""
+    reap = tool_command(python, tools, "agent", "reap", "--workdir", workdir, "--lease-s", lease_s)
+    left = " ".join(f"{shlex.quote(workdir)}/*/*/{shlex.quote(name)}" for name in (RunFiles.PID, RunFiles.SECRETS))
+    return f"test -x {shlex.quote(python)} && for f in {left}; do if [ -e \"$f\" ]; then {reap}; break; fi; done"
 
 
 def internal_text(error: BaseException) -> str:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -230,6 +232,44 @@ def test_a_host_whose_tools_cannot_be_installed_keeps_none_of_its_connections(tm
     assert len(opened) == 3 and closed == opened
 
 
+def test_a_host_left_clean_starts_no_python_to_reap_and_a_lapsed_server_is_stopped(tmp_path):
+    """Connecting reaps what earlier sweeps left. Where no run folder holds a server's pid file or its
+    secrets, the venv's Python is not started for it (before, every connection started one: 50 ms of
+    CPU on this machine, more in a large venv). A lapsed server and a failed run's secrets are still
+    found and ended."""
+    from tests.e2e.test_trust import boot_id, stale_run, start_time, unrelated_job
+
+    calls = tmp_path / "python-calls"
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    sw = sweep(tmp_path, venv=str(tmp_path / "venv"))
+    pool = HostPool(sw.hosts, connect=Faults().connect, events=Quiet(), lease_s=1, attempts=6)
+    assert pool.open(pool["a"])
+    assert not calls.exists(), calls.read_text()        # before: "... agent reap --workdir ..."
+    pool.close(pool["a"])
+    job = unrelated_job()   # stands in for the server of an earlier sweep whose orchestrator died
+    try:
+        time.sleep(0.2)     # setsid has exec'd sleep: its start time is final
+        stale_run(tmp_path / "work-a", f"{job.pid} {start_time(job.pid)} {boot_id()}")
+        assert pool.open(pool["a"])
+        assert " agent reap " in calls.read_text()
+        assert job.wait(timeout=30) is not None
+        pool.close(pool["a"])
+        left = tmp_path / "work-a" / "old-sweep" / "run-2"   # a run that failed with its secrets there
+        left.mkdir()
+        (left / ".secrets.env").write_text("API_KEY=x\n")
+        (left / "lease").touch()
+        os.utime(left / "lease", (1, 1))
+        assert pool.open(pool["a"])
+        assert not (left / ".secrets.env").exists()
+    finally:
+        job.kill()
+        job.wait()
+        pool.close(pool["a"])
+
+
 def test_a_run_retried_in_a_later_sweep_brings_back_only_its_own_traces(tmp_path):
     """A failed run's folder stays on the host for whoever looks into it; `--resume --retry-failed`
     runs it there again as its first attempt of that sweep, and must not pull the old server's traces."""
@@ -323,8 +363,8 @@ def test_a_host_that_fails_the_preflight_is_set_aside_and_its_run_goes_to_anothe
     outcome = Executor(sw, tmp_path / "results", jobs=1, connect=Faults().connect).run()
     assert sorted((m.run_id, m.status, m.host.name) for m in outcome.manifests) == [
         (f"{c}-1", "ok", "a") for c in sorted(("one", "two", "three", "four"))]
-    events = journal(outcome)
-    assert [e for e in events if e[2] == "b"] in ([], [(events[0][0], "running", "b"), (events[0][0], "retry", "b")])
+    on_b = [e for e in journal(outcome) if e[2] == "b"]   # whichever run b took first, if it took one
+    assert not on_b or on_b == [(on_b[0][0], "running", "b"), (on_b[0][0], "retry", "b")]
 
 
 def test_runs_only_a_set_aside_host_could_take_fail_with_its_error(tmp_path):
