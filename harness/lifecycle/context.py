@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.config.inventory import Host
 from harness.errors import Kind, RunFailed
-from harness.facts import await_script
+from harness.facts import FACTS_WAIT_S, await_script
 from harness.plan import Rendered, RunSpec, Sweep
 from harness.remote import remote_dir, tool_command
 from harness.results.answers import A, AnswerError, Probe, Stop, read_answer
@@ -111,6 +111,10 @@ class RunContext:
         """Shell that copies the host's facts into the run's folder, waiting a while for their
         collection (harness.facts), silently."""
         return await_script(self.host_cache.facts, self.paths.facts_dir)
+
+    def copy_facts(self) -> None:
+        """`take_facts` as a command of its own, where no other command of the run ends with it."""
+        self.sh(self.take_facts(), timeout=FACTS_WAIT_S + 60, check=False)
 
     @property
     def local_dir(self) -> Path:

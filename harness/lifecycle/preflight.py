@@ -13,7 +13,7 @@ import difflib
 import shlex
 
 from harness.errors import HarnessError, Kind, RunFailed
-from harness.facts import FACTS_WAIT_S, background_script, collect_script, facts_for
+from harness.facts import background_script, collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
 from harness.results.answers import AnswerError, Probe, read_answer
@@ -110,5 +110,5 @@ def _failed(ctx: RunContext, message: str, *, output: str = "") -> RunFailed:
     """The preflight's failure, with the host's facts in the run's folder first: nothing else of the
     run comes after it to copy them, and they say what the host has (its engine's version, its GPUs)."""
     with contextlib.suppress(HarnessError):
-        ctx.sh(ctx.take_facts(), timeout=FACTS_WAIT_S + 60, check=False)
+        ctx.copy_facts()
     return ctx.fail(Kind.PREFLIGHT, message, output=output)

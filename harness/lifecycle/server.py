@@ -114,7 +114,7 @@ def _wait_nodes(ctx: RunContext, health: str, timeout: float) -> Wait:
         left = timeout - (time.monotonic() - start)
         answer = _wait(ctx, health, max(0.1, min(PEER_CHECK_S, left)), with_facts=False)
         if answer.status == "healthy":
-            ctx.sh(ctx.take_facts(), timeout=FACTS_WAIT_S + 60, check=False)   # before the benchmark, as `_wait`
+            ctx.copy_facts()   # before the benchmark, as `_wait`
             return answer.model_copy(update={"seconds": time.monotonic() - start})
         died = dead_node(ctx, "startup", kind=Kind.LAUNCH, peers_only=answer.status != "died")
         if died is not None and (answer.status != "died" or died.host != ctx.host.name):
