@@ -1,10 +1,12 @@
 """Host facts: each a command plus a parser (the shape of pyinfra's facts).
 
 The commands run on the host inside the venv, once per sweep and host: the first preflight there starts
-them apart from itself, and they run while that run's server starts. Each run copies them into its
-`facts/<name>.txt` before its benchmark (and again at teardown, for a run that failed before), which
-is pulled back with everything else; the parsers turn those files into the manifest's `facts`. The raw
-files stay, so nothing a parser missed is lost.
+them apart from itself, and they run while that run's server starts. The facts that the venv's Python
+answers (its version, the packages, the engine's version and git commit) come from one start of the
+host agent's `facts` rather than a Python each; the others are shell commands. Each run copies them
+into its `facts/<name>.txt` before its benchmark (and again at teardown, for a run that failed before),
+which is pulled back with everything else; the parsers turn those files into the manifest's `facts`.
+The raw files stay, so nothing a parser missed is lost.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ ENV_PREFIXES = ["NCCL", "CUDA", "NVIDIA", "TORCH", "PYTORCH"]
 @dataclass(frozen=True)
 class Fact:
     name: str
-    command: str
+    command: str            # shell, run in the venv; "": written by the agent's `facts` (AGENT_FACTS)
     parse: Callable[[str], Any] = staticmethod(lambda text: text.strip() or None)
+
+
+AGENT_FACTS = ("python", "pip_freeze", "engine_git", "engine_version")
+"""The facts the host agent's `facts` writes (harness/remote/agent.py), in one start of the venv's Python."""
 
 
 def _gpus(text: str) -> list[dict] | None:
@@ -44,6 +50,12 @@ def _first_line(text: str) -> str | None:
     return lines[-1].strip() if lines else None
 
 
+def _version(text: str) -> str | None:
+    """The engine's version; None where the agent could not tell (its `#` line says why)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return lines[-1] if lines else None
+
+
 def _git(text: str) -> dict | None:
     lines = text.strip().splitlines()
     if not lines or not re.fullmatch(r"[0-9a-f]{40}", lines[0].strip()):
@@ -56,42 +68,30 @@ def _cuda(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-# The venv's packages: `pip freeze`, or where the venv has no pip (uv makes venvs without it unless
-# seeded), the distributions Python itself finds, in the same `name==version` lines under a comment
-# that says so. Either way the run's folder keeps what was installed.
-_PACKAGES = "python -m pip freeze 2>/dev/null || python -c " + shlex.quote(
-    "import importlib.metadata as m\n"
-    "print('# no pip in this venv: the distributions that importlib.metadata finds')\n"
-    "names = set()\n"
-    "for d in m.distributions():\n"
-    "    name = d.metadata.get('Name')\n"
-    "    if name:\n"
-    "        names.add(name + '==' + str(d.version))\n"
-    "print('\\n'.join(sorted(names, key=str.lower)))")
-
-
 def _requirements(text: str) -> int | None:
     """How many packages a pip_freeze lists (its comments left out)."""
     return sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#")) or None
 
 
 def facts_for(engine: Engine) -> list[Fact]:
-    return [fact for fact in _facts(engine) if engine.module or fact.name != "engine_git"]
+    """The facts of a host running `engine`: the engine's own (its version and commit) only for an
+    engine that has a module or a distribution to ask."""
+    return [fact for fact in _facts() if (engine.module or fact.name != "engine_git")
+            and (engine.module or engine.distribution or fact.name != "engine_version")]
 
 
-def _facts(engine: Engine) -> list[Fact]:
+def _facts() -> list[Fact]:
     return [
         Fact("gpus", "nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap "
                      "--format=csv,noheader,nounits", _gpus),
         Fact("cuda", "nvidia-smi", _cuda),
-        Fact("python", "python --version", _first_line),
-        Fact("engine_version", engine.version_command, _first_line),
-        # an editable install (a git checkout) is known by its commit, and whether it has local changes
-        Fact("engine_git", "d=$(python -c 'import importlib.util as u, os, sys; "
-                           "print(os.path.dirname(u.find_spec(sys.argv[1]).origin))' "
-                           f"{shlex.quote(engine.module)}) && git -C \"$d\" rev-parse HEAD && "
-                           "git -C \"$d\" status --porcelain | head -20", _git),
-        Fact("pip_freeze", _PACKAGES, _requirements),
+        # from the agent: `pip freeze` (or, in a venv without pip, the distributions Python finds, under
+        # a comment that says so), and an editable install (a git checkout) known by its commit and
+        # whether it has local changes
+        Fact("python", "", _first_line),
+        Fact("engine_version", "", _version),
+        Fact("engine_git", "", _git),
+        Fact("pip_freeze", "", _requirements),
         # names that look secret are left out at the source (see harness.secrets)
         Fact("env", f"env | grep -E '^({'|'.join(ENV_PREFIXES + [p.rstrip('_') for p in env_prefixes()])})_' "
                     "| grep -viE '^[^=]*(TOKEN|SECRET|PASSWORD|KEY)[^=]*=' | sort", _env),
@@ -99,13 +99,24 @@ def _facts(engine: Engine) -> list[Fact]:
     ]
 
 
-def collect_script(facts: list[Fact], facts_dir: str) -> str:
-    """One shell snippet that runs every fact command into facts/<name>.txt, failures included. They
-    run at once and the snippet waits for all: a first run on a host waits for the slowest (importing
-    the engine for its version: seconds) rather than for their sum (pip, nvidia-smi and the rest).
-    One group, so that `source .../activate && SNIPPET` holds for every one of them."""
+def agent_words(engine: Engine, facts_dir: str) -> list[str]:
+    """The arguments of the host agent's `facts` that writes the AGENT_FACTS of `engine` into `facts_dir`."""
+    return ["facts", "--dir", facts_dir, "--module", engine.module, "--distribution", engine.distribution]
+
+
+def collect_script(facts: list[Fact], facts_dir: str, agent: str = "") -> str:
+    """One shell snippet that runs every fact command into facts/<name>.txt, failures included, and
+    `agent` (the agent's `facts` command line), which writes the facts without a command of their own;
+    what it says on failing lands in facts/agent_facts.txt. They run at once and the snippet waits for
+    all: a first run on a host waits for the slowest (pip, or importing an engine without metadata for
+    its version: seconds) rather than for their sum. One group, so that `source .../activate && SNIPPET`
+    holds for every one of them."""
     d = shlex.quote(facts_dir)
-    return "{ " + " ".join(f"( {f.command} ) > {d}/{f.name}.txt 2>&1 &" for f in facts) + " wait; }"
+    jobs = [f"( {f.command} ) > {d}/{f.name}.txt 2>&1 &" for f in facts if f.command]
+    if agent and any(not f.command for f in facts):
+        said = f"{d}/agent_facts.txt"
+        jobs.append(f"{{ ( {agent} ) > {said} 2>&1; [ -s {said} ] || rm -f {said}; }} &")
+    return "{ " + " ".join(jobs) + " wait; }"
 
 
 FACTS_WAIT_S = 60

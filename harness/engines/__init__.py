@@ -39,9 +39,5 @@ def engine_for(playbook: Any) -> Engine:
     engine = get_engine(playbook.engine, playbook.flavor)
     server = playbook.server
     module = server.module if server.module is not None else engine.module
-    version = engine.version_command
-    if module and engine.version_command == "true":   # no version of its own: ask the module
-        version = Engine.version_from(module)
     return replace(engine, module=module,
-                   help_command=server.help_command if server.help_command is not None else engine.help_command,
-                   version_command=version)
+                   help_command=server.help_command if server.help_command is not None else engine.help_command)

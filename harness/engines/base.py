@@ -140,7 +140,7 @@ class Engine:
     default_port: int
     template: str                  # the built-in launch template's file name (templates/)
     help_command: str = ""         # prints every accepted flag ("": no flag check)
-    version_command: str = "true"
+    distribution: str = ""         # the installed distribution that gives its version ("": the module's)
     health_path: str = "/health"
     traces: TraceNaming | None = None
     steps: StepSpans | None = None
@@ -154,18 +154,6 @@ class Engine:
     metrics_hint: str = ""               # what to do when /metrics is not there (a 404)
     rendezvous_port: int = 29500   # where node 0 waits for the other nodes of a multi-node server
     node_flags: tuple[str, ...] = ()   # the flags `node_args` writes (and their aliases): the playbook's go
-
-    @staticmethod
-    def version_from(module: str, distribution: str = "") -> str:
-        """Print the engine's version from its installed metadata, without importing it: importing vLLM
-        or SGLang takes seconds of a host's first preflight, where the probe imports it already. An
-        engine installed without metadata (a source tree on PYTHONPATH), or with no distribution
-        named, is asked for its `__version__`."""
-        imported = f"python -c 'import {module}; print({module}.__version__)'"
-        if not distribution:
-            return imported
-        from_metadata = f"python -c 'import importlib.metadata as m; print(m.version(\"{distribution}\"))'"
-        return f"{from_metadata} 2>/dev/null || {imported}"
 
     @property
     def speaks(self) -> str:

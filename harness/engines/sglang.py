@@ -133,7 +133,7 @@ class SGLang(Engine):
 ENGINE = register(SGLang(
     name="sglang", launcher="python -m sglang.launch_server", module="sglang", default_port=30000,
     template="sglang.sh.j2", help_command="python -m sglang.launch_server --help",
-    version_command=Engine.version_from("sglang", distribution="sglang"),
+    distribution="sglang",
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
     env_prefixes=("SGLANG_",), metrics=METRICS,
     metrics_hint="SGLang serves /metrics only with --enable-metrics: add `enable-metrics: true` to server.args",

@@ -19,7 +19,7 @@ def imitating(flavor: str | None) -> Engine:
     return replace(real, name="sim", protocol=real.name, launcher=f"python -m harness.sim {flavor}",
                    module="harness.sim", template="sim.sh.j2",
                    help_command=f"python -m harness.sim {flavor} --help",
-                   version_command=Engine.version_from("harness", distribution="harness"))
+                   distribution="harness")
 
 
 register(imitating, name="sim")

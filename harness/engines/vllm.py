@@ -104,7 +104,7 @@ class VLLM(Engine):
 ENGINE = register(VLLM(
     name="vllm", launcher="vllm serve", module="vllm", default_port=8000, template="vllm.sh.j2",
     help_command="vllm serve --help=all",
-    version_command=Engine.version_from("vllm", distribution="vllm"),
+    distribution="vllm",
     traces=NAMING, steps=STEPS, profile_modes=("engine", "nsys", "torch", "none"),
     env_prefixes=("VLLM_",), metrics=METRICS, rendezvous_port=29501,
     node_flags=("nnodes", "n", "node-rank", "r", "master-addr", "master-port", "headless"),

@@ -13,7 +13,7 @@ import difflib
 import shlex
 
 from harness.errors import HarnessError, Kind, RunFailed
-from harness.facts import background_script, collect_script, facts_for
+from harness.facts import agent_words, background_script, collect_script, facts_for
 from harness.lifecycle.context import RunContext
 from harness.render import flag_pairs
 from harness.results.answers import AnswerError, Probe, read_answer
@@ -48,7 +48,9 @@ def preflight(ctx: RunContext) -> Probe:
                f"}}; }} & " if engine.help_command else "")
     # The facts are started apart and not waited for here: the run's server starts meanwhile, and the
     # run copies them into its folder when its health check ends (harness.facts), or as it fails.
-    facts = background_script(ctx.in_venv(collect_script(facts_for(engine), kept.facts + ".tmp")), kept.facts)
+    collecting = kept.facts + ".tmp"
+    facts = background_script(ctx.in_venv(collect_script(
+        facts_for(engine), collecting, ctx.agent_command(*agent_words(engine, collecting)))), kept.facts)
     help_tail = (f"if [ -s {listed} ]; then tail -c 2000000 {listed}; else tail -c 2000000 {listed}.failed; "
                  f"rm -f {listed}.failed; fi; " if engine.help_command else "")
     # The run's folder starts empty at every attempt: a failed run's is left on the host for whoever

@@ -11,9 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines import get_engine
 from harness.engines.base import Engine
-from harness.facts import Fact, await_script, background_script, collect_script, facts_for, parse_facts
+from harness.facts import (
+    Fact,
+    agent_words,
+    await_script,
+    background_script,
+    collect_script,
+    facts_for,
+    parse_facts,
+)
+from harness.remote import tool_command, zipapp
 from tests.remote_venv import plant_distribution
 
 
@@ -141,50 +149,110 @@ def test_the_snippet_returns_only_once_every_fact_is_written(tmp_path):
     assert Path(tmp_path / "seen").read_text() == "finished\n"
 
 
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory) -> Path:
+    """The host tools as the harness uploads them."""
+    path = tmp_path_factory.mktemp("tools") / "harness.pyz"
+    path.write_bytes(zipapp())
+    return path
+
+
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory) -> Path:
+    """A venv without pip, as uv makes them unless seeded."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return venv / "bin"
+
+
+def agent_facts(pyz: Path, bin_dir: Path, site: Path, engine: Engine, tmp_path: Path) -> tuple[Path, dict]:
+    """`collect_script` with the agent's `facts`, in the venv of `bin_dir` activated as a host's is
+    (its bin first on PATH) with `site` on its path; the folder and its facts as parsed."""
+    facts_dir = tmp_path / "facts"
+    facts_dir.mkdir()
+    facts = [f for f in facts_for(engine) if not f.command]
+    agent = tool_command(str(bin_dir / "python"), str(pyz.parent), "agent", *agent_words(engine, str(facts_dir)))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
+    subprocess.run(["bash", "-c", collect_script(facts, str(facts_dir), agent)], check=True, timeout=120,
+                   env=env, cwd=tmp_path)
+    return facts_dir, parse_facts(facts, facts_dir)
+
+
 @pytest.mark.parametrize("installed", [True, False])
-def test_the_engine_version_comes_from_its_metadata_and_the_import_only_without(tmp_path, installed):
+def test_the_engine_version_comes_from_its_metadata_and_the_import_only_without(tmp_path, pyz, bare_venv,
+                                                                                   installed):
     """Importing a real engine for its version takes seconds beside the probe's own import; an engine
     installed with metadata is not imported, one on a bare path is (its __version__)."""
-    package = tmp_path / "fakeengine"
-    package.mkdir()
+    site = tmp_path / "site"
+    package = site / "fakeengine"
+    package.mkdir(parents=True)
     (package / "__init__.py").write_text("import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n"
                                          "__version__ = '2.0-from-import'\n")
     if installed:
-        plant_distribution(tmp_path, "fakeengine", "1.2.3")
-    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path)}
-    command = Engine.version_from("fakeengine", distribution="fakeengine")
-    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ("1.2.3" if installed else "2.0-from-import")
+        plant_distribution(site, "fakeengine", "1.2.3")
+    engine = Engine(name="fake", launcher="", module="fakeengine", default_port=1, template="",
+                    distribution="fakeengine")
+    facts_dir, parsed = agent_facts(pyz, bare_venv, site, engine, tmp_path)
+    assert parsed["engine_version"] == ("1.2.3" if installed else "2.0-from-import")
     assert (package / "imported").exists() is not installed
+    assert parsed["python"] == "Python " + subprocess.run([bare_venv / "python", "-c", "import platform; "
+                                                          "print(platform.python_version())"], capture_output=True,
+                                                         text=True, check=True).stdout.strip()
+    assert parsed["engine_git"] is None   # not a git checkout: git's complaint is kept, no commit
+    assert "not a git repository" in (facts_dir / "engine_git.txt").read_text()
+    assert not (facts_dir / "agent_facts.txt").exists()   # the agent had nothing to say
 
 
-def _packages_fact() -> Fact:
-    return next(f for f in facts_for(get_engine("vllm", None)) if f.name == "pip_freeze")
+def test_an_engine_version_that_cannot_be_told_is_no_version_and_says_why(tmp_path, pyz, bare_venv):
+    engine = Engine(name="fake", launcher="", module="no_such_engine_module", default_port=1, template="",
+                    distribution="no-such-engine")
+    facts_dir, parsed = agent_facts(pyz, bare_venv, tmp_path / "site", engine, tmp_path)
+    assert parsed["engine_version"] is None
+    assert "No module named 'no_such_engine_module'" in (facts_dir / "engine_version.txt").read_text()
+    assert "no source file for no_such_engine_module" in (facts_dir / "engine_git.txt").read_text()
+    assert parsed["python"].startswith("Python 3.")   # the other facts still came
+
+
+def test_an_editable_engine_is_known_by_its_commit_and_its_local_changes(tmp_path, pyz, bare_venv):
+    site = tmp_path / "checkout"
+    (site / "fakeengine").mkdir(parents=True)
+    (site / "fakeengine" / "__init__.py").write_text("__version__ = '0.1'\n")
+    git = ["git", "-C", str(site), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (site / "fakeengine" / "local.py").write_text("")
+    engine = Engine(name="fake", launcher="", module="fakeengine", default_port=1, template="")
+    _, parsed = agent_facts(pyz, bare_venv, site, engine, tmp_path)
+    assert parsed["engine_git"] == {"commit": commit, "dirty": True}
+    assert parsed["engine_version"] == "0.1"
 
 
 @pytest.mark.parametrize("with_pip", [True, False], ids=["pip", "no-pip"])
-def test_the_venvs_packages_are_listed_with_pip_or_without_it(tmp_path, with_pip):
+def test_the_venvs_packages_are_listed_with_pip_or_without_it(tmp_path, pyz, bare_venv, with_pip):
     """A venv made by uv has no pip unless seeded: its packages are still listed, name==version, from
     the distributions Python finds, under a comment that says so."""
     site = tmp_path / "site"
     plant_distribution(site, "fakeengine", "1.2.3")
-    if with_pip:
-        bin_dir = Path(sys.executable).parent   # the tests' own venv, which has pip
-    else:
-        venv = tmp_path / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-        bin_dir = venv / "bin"
-    facts_dir = tmp_path / "facts"
-    facts_dir.mkdir()
-    fact = _packages_fact()
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
-    subprocess.run(["bash", "-c", collect_script([fact], str(facts_dir))], check=True, timeout=120, env=env,
-                   cwd=tmp_path)
+    bin_dir = Path(sys.executable).parent if with_pip else bare_venv   # the tests' own venv has pip
+    engine = Engine(name="fake", launcher="", module="", default_port=1, template="")
+    facts_dir, parsed = agent_facts(pyz, bin_dir, site, engine, tmp_path)
     listed = (facts_dir / "pip_freeze.txt").read_text()
     assert "fakeengine==1.2.3" in listed.splitlines()
     assert ("# no pip in this venv" in listed) is not with_pip
     assert "No module named pip" not in listed
     packages = [line for line in listed.splitlines() if line and not line.startswith("#")]
     assert len(packages) >= (10 if with_pip else 1)
-    assert parse_facts([fact], facts_dir)["pip_freeze"] == f"{len(packages)} packages (facts/pip_freeze.txt)"
+    assert parsed["pip_freeze"] == f"{len(packages)} packages (facts/pip_freeze.txt)"
+    assert sorted(p.name for p in facts_dir.iterdir()) == ["pip_freeze.txt", "python.txt"]   # no engine to ask
+
+
+def test_an_agent_that_cannot_start_leaves_what_it_said_beside_the_other_facts(tmp_path):
+    facts_dir = tmp_path / "facts"
+    facts_dir.mkdir()
+    facts = [Fact("kernel", "uname -s"), Fact("python", "")]
+    run(collect_script(facts, str(facts_dir), "/no/such/python /no/such/harness.pyz agent facts"))
+    assert (facts_dir / "kernel.txt").read_text() == "Linux\n"
+    assert "/no/such/python" in (facts_dir / "agent_facts.txt").read_text()
+    assert parse_facts(facts, facts_dir) == {"kernel": "Linux"}
