@@ -4,9 +4,11 @@ the way engines and broken proxies do."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -87,9 +89,10 @@ def test_a_post_sends_its_json_and_the_api_key(server, monkeypatch):
     assert _Handler.seen[1]["auth"] == "Bearer sk-test"
 
 
-def _raw_server(answer: bytes | None, *, close: bool = True):
-    """A listening socket that answers each connection with `answer` (None: says nothing), after
-    reading the request; it closes the connection after when `close`."""
+@contextlib.contextmanager
+def _raw_server(answer: bytes | None, *, close: bool = True) -> Iterator[str]:
+    """The URL of a listening socket that answers each connection with `answer` (None: says nothing),
+    after reading the request; it closes the connection after when `close`, else when the test ends."""
     lsock = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
 
@@ -111,7 +114,12 @@ def _raw_server(answer: bytes | None, *, close: bool = True):
                 held.append(conn)
 
     threading.Thread(target=serve, daemon=True).start()
-    return lsock, f"http://127.0.0.1:{lsock.getsockname()[1]}", held
+    try:
+        yield f"http://127.0.0.1:{lsock.getsockname()[1]}"
+    finally:
+        lsock.close()
+        for conn in held:
+            conn.close()
 
 
 def test_a_refused_connection_is_status_0_with_the_reason():
@@ -128,42 +136,23 @@ def test_a_refused_connection_is_status_0_with_the_reason():
     (b"HTTP/1.1 200\r\n", "not an HTTP answer: 'HTTP/1.1 200'"),   # the head never ends
 ])
 def test_what_is_not_an_http_answer_is_status_0_named(answer, expected):
-    lsock, url, _ = _raw_server(answer)
-    try:
+    with _raw_server(answer) as url:
         assert agent.http("GET", url + "/health", timeout=5) == (0, expected)
-    finally:
-        lsock.close()
 
 
 def test_an_answer_whose_body_never_ends_is_taken_as_it_stands_at_the_timeout():
     # the head promises 100 bytes, 5 come, and the connection stays open
-    lsock, url, held = _raw_server(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 100\r\n\r\nstart",
-                                   close=False)
-    try:
+    with _raw_server(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 100\r\n\r\nstart", close=False) as url:
         assert agent.http("GET", url + "/health", timeout=0.5) == (503, "start")
-    finally:
-        lsock.close()
-        for conn in held:
-            conn.close()
 
 
 def test_a_server_that_never_answers_times_out_as_status_0():
-    lsock, url, held = _raw_server(None, close=False)
-    try:
+    with _raw_server(None, close=False) as url:
         status, reason = agent.http("GET", url + "/health", timeout=0.3)
-    finally:
-        lsock.close()
-        for conn in held:
-            conn.close()
     assert status == 0 and "timed out" in reason
 
 
 def test_a_head_without_end_is_bounded():
-    lsock, url, held = _raw_server(b"HTTP/1.1 200 OK\r\nX-Junk: " + b"z" * 200_000, close=False)
-    try:
+    with _raw_server(b"HTTP/1.1 200 OK\r\nX-Junk: " + b"z" * 200_000, close=False) as url:
         status, reason = agent.http("GET", url + "/health", timeout=5)
-    finally:
-        lsock.close()
-        for conn in held:
-            conn.close()
     assert status == 0 and reason.startswith("not an HTTP answer: 'HTTP/1.1 200 OK'")
