@@ -27,12 +27,8 @@ ENV_PREFIXES = ["NCCL", "CUDA", "NVIDIA", "TORCH", "PYTORCH"]
 @dataclass(frozen=True)
 class Fact:
     name: str
-    command: str            # shell, run in the venv; "": written by the agent's `facts` (AGENT_FACTS)
+    command: str            # shell, run in the venv; "": written by the host agent's `facts`
     parse: Callable[[str], Any] = staticmethod(lambda text: text.strip() or None)
-
-
-AGENT_FACTS = ("python", "pip_freeze", "engine_git", "engine_version")
-"""The facts the host agent's `facts` writes (harness/remote/agent.py), in one start of the venv's Python."""
 
 
 def _gpus(text: str) -> list[dict] | None:
@@ -100,7 +96,8 @@ def _facts() -> list[Fact]:
 
 
 def agent_words(engine: Engine, facts_dir: str) -> list[str]:
-    """The arguments of the host agent's `facts` that writes the AGENT_FACTS of `engine` into `facts_dir`."""
+    """The arguments of the host agent's `facts`, which writes the facts without a command of their own
+    (harness/remote/agent.py) into `facts_dir`, in one start of the venv's Python."""
     return ["facts", "--dir", facts_dir, "--module", engine.module, "--distribution", engine.distribution]
 
 
