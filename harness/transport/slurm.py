@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CommandFailed, HarnessError, RemoteError, RemoteTimeout, UnreachableError
+from harness.transport import tarpull
 from harness.transport.base import HostSpec, Pulled, Result, Transport, output_tail, shell_path, text
 from harness.transport.process import Process, ProcessTransport
 
@@ -423,19 +424,25 @@ class SlurmTransport(ProcessTransport):
     def _pull_from_node(self, remote_dir: str, local_dir: Path, *, timeout: float, max_bytes: int | None,
                         exclude: tuple[str, ...]) -> Pulled:
         """The pull as a step on the node, its failures told apart as `run`'s are (a pull cut short
-        leaves nothing at `local_dir`)."""
+        leaves nothing at `local_dir`). Whatever went wrong before the step said how its command
+        ended (tar failed, or its stream broke off or could not be read) asks first whether the job
+        has ended: the stream of a cancelled job's step breaks off anywhere, and its srun may even
+        exit 0."""
         try:
             return super().pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
-        except CommandFailed as e:
-            if self._current is not None and self._current.given_up:
-                raise self._lost(e.command or remote_dir) from None
-            if self.step is None:
-                raise (self._failed(e.command or remote_dir, e.output)
-                       or self._not_started(e.command or remote_dir, e.output)) from None
-            if self._current is not None and self._current.code is None:
-                raise (self._failed(e.command or remote_dir, e.output)
-                       or self._cut_short(e.command or remote_dir, Result(e.command or "", e.exit_code, "",
-                                                                          e.output))) from None
+        except (RemoteTimeout, tarpull.TooLarge):
+            raise
+        except RemoteError as e:
+            command, output = e.command or remote_dir, e.output or ""
+            current = self._current
+            if current is not None and current.given_up:
+                raise self._lost(command) from None
+            if self.step is None or (current is not None and current.code is None):
+                if ended := self._failed(command, output):
+                    raise ended from e
+                if isinstance(e, CommandFailed):   # srun's own failure: the command never ended
+                    raise (self._not_started(command, output) if self.step is None else
+                           self._cut_short(command, Result(command, e.exit_code, "", output))) from None
             raise
 
     def _pull_from_login(self, remote_dir: str, local_dir: Path, *, deadline: float, max_bytes: int | None,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -141,20 +143,38 @@ def test_a_job_past_its_time_limit_fails_its_steps_saying_so_and_its_nodes_at_on
     assert not cluster.jobs(HELD), cluster.jobs()
 
 
+@pytest.mark.parametrize("cut", ["before tar", "srun exits 0", "mid-stream, compressed"])
 def test_a_job_that_ends_during_a_pull_brings_the_folder_back_through_the_login_host(tmp_path, cluster,
-                                                                                    monkeypatch):
-    """The job is cancelled while a node's pull is under way (the pull's own step cancels it before
-    tar starts): the pull falls back to the login host, which shares the run's folder, and brings it
-    back whole. Before, the pull failed as the node gone, and the run lost its server.log."""
+                                                                                    monkeypatch, cut):
+    """The job is cancelled while a node's pull is under way (the pull's own step cancels it): the
+    pull falls back to the login host, which shares the run's folder, and brings it back whole.
+    Before, the pull failed as the node gone, and the run lost its server.log. The step cancels its
+    job before tar starts; or so with srun exiting 0, as a loaded machine's srun once did, its step's
+    stream empty (here a `srun` first on PATH runs the real one and says 0; before, that pull failed
+    as "not a valid tar stream"); or once 20 kB of a zstd stream have gone out."""
     from harness.transport import tarpull
     from harness.transport.slurm import JobEnded
 
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     tar_command = tarpull.tar_command
+    if cut == "srun exits 0":
+        srun = shutil.which("srun")
+        assert srun is not None
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "srun").write_text(f'#!/bin/sh\n{shlex.quote(srun)} "$@"\nexit 0\n')
+        (tmp_path / "bin" / "srun").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    if cut == "mid-stream, compressed":
+        if not tarpull.ZSTD:
+            pytest.skip("zstd is not installed here")
+        monkeypatch.setattr(SlurmTransport, "compress_pulls", property(lambda self: True))
 
     def cancelled_first(*args, **kwargs):   # on the node only: the login host's own pull runs as it is
-        return ('if [ -n "$SLURM_STEP_ID" ]; then scancel "$SLURM_JOB_ID"; sleep 120; fi; '
-                + tar_command(*args, **kwargs))
+        tar = tar_command(*args, **kwargs)
+        if cut == "mid-stream, compressed":
+            return (f'if [ -n "$SLURM_STEP_ID" ]; then {{ {tar}; }} | head -c 20000; sleep 1; scancel "$SLURM_JOB_ID"; '
+                    f'sleep 120; fi; {tar}')
+        return f'if [ -n "$SLURM_STEP_ID" ]; then scancel "$SLURM_JOB_ID"; sleep 120; fi; {tar}'
     allocation = Allocation("cluster", SlurmSettings(nodes=1, partition="test", time="5:00", wait_s=30), 1,
                             login=LOCAL, name="harness-pull-expiry-test", connect=connect, log=lambda line: None)
     allocation.request()
