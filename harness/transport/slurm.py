@@ -430,8 +430,8 @@ class SlurmTransport(ProcessTransport):
         exit 0."""
         try:
             return super().pull(remote_dir, local_dir, timeout=timeout, max_bytes=max_bytes, exclude=exclude)
-        except (RemoteTimeout, tarpull.TooLarge):
-            raise
+        except (RemoteTimeout, UnreachableError, tarpull.TooLarge):
+            raise   # the pull's own deadline or limit, or the login host lost: not the step's end
         except RemoteError as e:
             command, output = e.command or remote_dir, e.output or ""
             current = self._current

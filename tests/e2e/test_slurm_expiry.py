@@ -149,8 +149,8 @@ def test_a_job_that_ends_during_a_pull_brings_the_folder_back_through_the_login_
     """The job is cancelled while a node's pull is under way (the pull's own step cancels it): the
     pull falls back to the login host, which shares the run's folder, and brings it back whole.
     Before, the pull failed as the node gone, and the run lost its server.log. The step cancels its
-    job before tar starts; or so with srun exiting 0, as a loaded machine's srun once did, its step's
-    stream empty (here a `srun` first on PATH runs the real one and says 0; before, that pull failed
+    job before tar starts; or so with srun exiting 0, as srun has been seen to do, its step's stream
+    empty (here a `srun` first on PATH runs the real one and says 0; before, that pull failed
     as "not a valid tar stream"); or once 20 kB of a zstd stream have gone out."""
     from harness.transport import tarpull
     from harness.transport.slurm import JobEnded
